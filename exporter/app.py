@@ -1,0 +1,78 @@
+"""The HTTP face of the daemon: pre-rendered /metrics, health, a landing page and JSON APIs.
+
+/metrics hands out bytes the sampler rendered when a snapshot changed; nothing here touches
+hardware or renders metric families.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from exporter import __version__
+from exporter.collector import Collector
+from exporter.sampler import Sampler
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True when the scraper lists OpenMetrics among the media types it accepts."""
+    return any(part.split(";")[0].strip() == "application/openmetrics-text"
+               for part in accept.split(","))
+
+
+def create_app(sampler: Sampler, collectors: list[Collector],
+               telemetry_path: str = "/metrics") -> FastAPI:
+    app = FastAPI(title="llmmon", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url="/api/v1/openapi.json")
+
+    @app.get(telemetry_path, include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        openmetrics = wants_openmetrics(request.headers.get("accept", ""))
+        gzipped = "gzip" in request.headers.get("accept-encoding", "")
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+        return Response(sampler.body(openmetrics, gzipped), headers=headers,
+                        media_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok\n"
+
+    @app.get("/api/v1/collectors")
+    async def collectors_json() -> JSONResponse:
+        return JSONResponse({"version": __version__, "collectors": sampler.snapshot_json()})
+
+    @app.get("/", response_class=HTMLResponse)
+    async def landing() -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(s['name'])}</td><td class='{html.escape(s['status'])}'>"
+            f"{html.escape(s['status'])}</td><td>{html.escape(s['message'] or '')}</td>"
+            f"<td>{s['series']}</td></tr>"
+            for s in sampler.snapshot_json())
+        path = html.escape(telemetry_path)
+        return (
+            "<!doctype html><html><head><meta charset='utf-8'><title>llmmon exporter</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.2em .8em;"
+            "text-align:left}.ok{color:green}.failed{color:#b00}.empty{color:gray}</style>"
+            f"</head><body><h1>llmmon exporter {html.escape(__version__)}</h1>"
+            f"<p><a href='{path}'>Metrics</a> · <a href='/api/v1/collectors'>"
+            "Collectors (JSON)</a> · <a href='/healthz'>Health</a></p>"
+            "<table><tr><th>collector</th><th>status</th><th>detail</th><th>series</th></tr>"
+            f"{rows}</table></body></html>")
+
+    for collector in collectors:
+        for key, handler in collector.api().items():
+            _mount_json(app, f"/api/v1/{key}", handler)
+    return app
+
+
+def _mount_json(app: FastAPI, path: str, handler: Callable[[], Any]) -> None:
+    def endpoint() -> JSONResponse:  # sync: FastAPI runs it in a thread, off the event loop
+        return JSONResponse(handler())
+
+    app.add_api_route(path, endpoint, methods=["GET"])

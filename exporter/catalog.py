@@ -1,0 +1,19 @@
+"""Every metric the exporter can emit, for docs, rule linting and tests."""
+
+from __future__ import annotations
+
+from exporter import sampler
+from exporter.collectors import discover
+from exporter.metrics import MetricSpec
+
+
+def all_specs() -> list[MetricSpec]:
+    specs = list(sampler.SPECS)
+    for cls in discover():
+        specs.extend(cls.specs)
+    return specs
+
+
+def exported_names() -> set[str]:
+    """Sample names as they appear in the exposition (histograms expand to three)."""
+    return {name for spec in all_specs() for name in spec.sample_names()}

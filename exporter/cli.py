@@ -1,0 +1,82 @@
+"""The `llmmon` command: `serve` runs the node daemon; other subcommands are discovered."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+from exporter import __version__, commands
+from exporter.collectors import discover
+from exporter.config import ConfigError, add_serve_arguments, build_settings
+
+log = logging.getLogger("llmmon")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from exporter import logs
+    from exporter.daemon import build, split_listen_address
+
+    classes = discover()
+    try:
+        settings = build_settings(args, classes)
+        logs.setup(settings["log.level"], settings["log.format"])
+        host, port = split_listen_address(settings["web.listen_address"])
+        daemon = build(settings)
+    except (ConfigError, ValueError) as exc:
+        print(f"llmmon serve: {exc}", file=sys.stderr)
+        return 2
+    daemon.sampler.start()
+    log.info("listening on %s:%d, metrics at %s", host, port, settings["web.telemetry_path"])
+    server = uvicorn.Server(uvicorn.Config(daemon.app, host=host, port=port, log_level="warning",
+                                           access_log=False, lifespan="off"))
+    try:
+        server.run()
+    finally:
+        daemon.sampler.stop()
+    return 0 if server.started else 1
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from exporter import docsgen
+
+    sys.stdout.write(docsgen.RENDERERS[args.what]())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llmmon", description="Monitoring for LLM training clusters: node exporter, "
+        "training-process reporter and tools.")
+    parser.add_argument("--version", action="version", version=f"llmmon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve", help="Run the node exporter daemon.",
+        description="Run the node exporter: collectors sample in the background, /metrics "
+        "serves the last snapshot. Settings come from defaults, then --config.file, then "
+        "flags.")
+    add_serve_arguments(serve, discover())
+    serve.set_defaults(func=_serve)
+
+    docs = sub.add_parser("docs", help="Print generated reference documentation.")
+    docs.add_argument("what", choices=("metrics", "config"))
+    docs.set_defaults(func=_docs)
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

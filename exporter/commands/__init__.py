@@ -1,0 +1,1 @@
+"""`llmmon` subcommands beyond `serve`: each module defines `register(subparsers)`."""

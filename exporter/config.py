@@ -1,0 +1,177 @@
+"""Settings for `llmmon serve`: defaults, then the YAML config file, then command-line flags.
+
+Every setting is an `Option`; flags are generated from the same table as the YAML keys, so a
+setting documented in `--help` is always accepted in the file and the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from exporter.collector import Collector
+from exporter.options import Option
+
+GLOBAL_OPTIONS: tuple[Option, ...] = (
+    Option("web.listen_address", "str", ":9476",
+           "Address to listen on: host:port, :port for all interfaces, [::]:port for IPv6. "
+           "9476 avoids node_exporter (9100), dcgm-exporter (9400) and "
+           "nvidia_gpu_exporter (9835)."),
+    Option("web.telemetry_path", "str", "/metrics", "Path under which to expose metrics."),
+    Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
+           "in a container, or a fixture tree)."),
+    Option("path.procfs", "str", "/proc", "procfs mount point."),
+    Option("log.level", "str", "info", "Log level: debug, info, warning or error."),
+    Option("log.format", "str", "logfmt", "Log format: logfmt or json."),
+    Option("sampler.max_staleness", "duration", "60s",
+           "How long a failing or hung collector's last good snapshot is still served."),
+)
+COMMON_COLLECTOR_OPTIONS = ("enabled", "interval", "timeout")
+
+
+class ConfigError(Exception):
+    """A bad flag value or config file, with the key it concerns."""
+
+
+def flag_for(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
+    """The common options (enabled, interval, timeout) followed by the collector's own."""
+    prefix = f"collector.{cls.name}"
+    return (
+        Option("enabled", "bool", cls.enabled_by_default,
+               f"Enable the {cls.name} collector: {cls.description}",
+               flag=f"--{prefix}"),
+        Option("interval", "duration", cls.interval,
+               f"How often the {cls.name} collector runs."),
+        Option("timeout", "duration", cls.timeout,
+               f"After this long a {cls.name} run counts as failed (it may still be blocked)."),
+    ) + cls.options
+
+
+def collector_flag(cls: type[Collector], option: Option) -> str:
+    return option.flag or flag_for(f"collector.{cls.name}.{option.key}")
+
+
+@dataclass
+class Settings:
+    values: dict[str, Any]
+    collectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser,
+                        classes: list[type[Collector]]) -> None:
+    """Flags for every option; defaults stay None so only given flags override the file."""
+    parser.add_argument("--config.file", dest="config_file", metavar="PATH",
+                        help="YAML file with any of the settings below (flags win).")
+    parser.add_argument("--collector.disable-defaults", dest="disable_defaults",
+                        action="store_true", default=None,
+                        help="Disable every collector not enabled explicitly.")
+    for option in GLOBAL_OPTIONS:
+        parser.add_argument(flag_for(option.key), dest=f"g:{option.key}", metavar="VALUE",
+                            help=f"{option.help} (default: {option.default})")
+    for cls in classes:
+        group = parser.add_argument_group(f"collector {cls.name}", cls.description)
+        for option in collector_options(cls):
+            dest = f"c:{cls.name}:{option.key}"
+            if option.key == "enabled":
+                group.add_argument(collector_flag(cls, option), dest=dest,
+                                   action="store_const", const=True,
+                                   help=f"{option.help} (default: "
+                                        f"{'on' if option.default else 'off'})")
+                group.add_argument(f"--no-collector.{cls.name}", dest=dest,
+                                   action="store_const", const=False,
+                                   help=f"Disable the {cls.name} collector.")
+            else:
+                group.add_argument(collector_flag(cls, option), dest=dest, metavar="VALUE",
+                                   help=f"{option.help} (default: {option.default})")
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def _section(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    return data
+
+
+def _parse(option: Option, value: Any, where: str) -> Any:
+    try:
+        return option.parse(value)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def build_settings(args: argparse.Namespace, classes: list[type[Collector]]) -> Settings:
+    """Merge defaults, the YAML file and the flags into validated settings."""
+    data = _load_yaml(args.config_file) if getattr(args, "config_file", None) else {}
+    given = vars(args)
+    known_sections = {o.key.split(".")[0] for o in GLOBAL_OPTIONS} | {"collectors"}
+    for section in data:
+        if section not in known_sections:
+            raise ConfigError(f"config: unknown section {section!r}; "
+                              f"known: {', '.join(sorted(known_sections))}")
+    values: dict[str, Any] = {}
+    for option in GLOBAL_OPTIONS:
+        section, key = option.key.split(".")
+        file_section = _section(data.get(section, {}), section)
+        value = given.get(f"g:{option.key}")
+        if value is not None:
+            values[option.key] = _parse(option, value, flag_for(option.key))
+        elif key in file_section:
+            values[option.key] = _parse(option, file_section[key], option.key)
+        else:
+            values[option.key] = option.parse(option.default)
+    for section in known_sections - {"collectors"}:
+        keys = {o.key.split(".")[1] for o in GLOBAL_OPTIONS if o.key.startswith(section + ".")}
+        unknown = set(_section(data.get(section, {}), section)) - keys
+        if unknown:
+            raise ConfigError(f"config: unknown key(s) in {section}: {', '.join(sorted(unknown))}")
+
+    file_collectors = _section(data.get("collectors", {}), "collectors")
+    names = {cls.name for cls in classes}
+    for name in file_collectors:
+        if name not in names:
+            raise ConfigError(f"config: unknown collector {name!r}; "
+                              f"known: {', '.join(sorted(names))}")
+    settings = Settings(values)
+    for cls in classes:
+        file_values = _section(file_collectors.get(cls.name) or {}, f"collectors.{cls.name}")
+        options = collector_options(cls)
+        unknown = set(file_values) - {o.key for o in options}
+        if unknown:
+            raise ConfigError(f"config: unknown key(s) for collector {cls.name}: "
+                              f"{', '.join(sorted(unknown))}")
+        config: dict[str, Any] = {}
+        for option in options:
+            flag_value = given.get(f"c:{cls.name}:{option.key}")
+            if flag_value is not None:
+                config[option.key] = _parse(option, flag_value, collector_flag(cls, option))
+            elif option.key in file_values:
+                config[option.key] = _parse(option, file_values[option.key],
+                                            f"collectors.{cls.name}.{option.key}")
+            elif option.key == "enabled" and given.get("disable_defaults"):
+                config[option.key] = False
+            else:
+                config[option.key] = option.parse(option.default)
+        settings.collectors[cls.name] = config
+    return settings

@@ -1,0 +1,50 @@
+"""Assembles a running exporter from settings: collectors, sampler and the HTTP app."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from exporter import __version__
+from exporter.app import create_app
+from exporter.collector import Collector, Environment
+from exporter.collectors import discover
+from exporter.config import Settings
+from exporter.sampler import Sampler
+from exporter.sources.fs import RootedFS
+
+log = logging.getLogger("llmmon.daemon")
+
+
+@dataclass
+class Daemon:
+    collectors: list[Collector]
+    sampler: Sampler
+    app: FastAPI
+
+
+def build(settings: Settings) -> Daemon:
+    """Instantiate the enabled collectors; a collector that cannot be built is a config error."""
+    env = Environment(RootedFS(settings["path.sysfs"]), RootedFS(settings["path.procfs"]),
+                      settings.values)
+    collectors: list[Collector] = []
+    for cls in discover():
+        config = settings.collectors[cls.name]
+        if not config["enabled"]:
+            continue
+        collectors.append(cls(env, config))
+    log.info("collectors enabled: %s", ", ".join(c.name for c in collectors) or "none")
+    sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"])
+    app = create_app(sampler, collectors, settings["web.telemetry_path"])
+    return Daemon(collectors, sampler, app)
+
+
+def split_listen_address(address: str) -> tuple[str, int]:
+    """`host:port`, `:port` (all IPv4 interfaces) or `[v6]:port` into uvicorn's host and port."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"listen address {address!r}: expected host:port, :port or [::]:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)

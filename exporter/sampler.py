@@ -1,0 +1,322 @@
+"""Runs collectors on their own cadences and keeps pre-rendered snapshots for /metrics.
+
+Each collector gets a driver thread and a worker thread.  The driver hands the worker one
+run at a time and waits at most the collector's timeout; a run that hangs (a wedged NVML
+call, a stuck NFS read) marks the collector failed while the worker stays blocked, and no new
+run is started until it returns.  Scrapes only concatenate bytes rendered here: they never
+wait on hardware and never render.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest as render_text
+from prometheus_client.openmetrics.exposition import generate_latest as render_openmetrics
+
+from exporter.collector import Collector, Context, ErrorLog
+from exporter.metrics import Families, MetricSpec
+
+log = logging.getLogger("llmmon.sampler")
+
+SUCCESS = MetricSpec(
+    "llmmon_exporter_collector_success", "gauge",
+    "1 if the collector's last run finished within its timeout without failing.", ("collector",))
+DURATION = MetricSpec(
+    "llmmon_exporter_collector_duration_seconds", "gauge",
+    "Wall time of the collector's last finished run (or of the run still hanging).",
+    ("collector",))
+ERRORS = MetricSpec(
+    "llmmon_exporter_collector_errors_total", "counter",
+    "Problems met by the collector: skipped series, failed or timed-out runs.", ("collector",))
+LAST_SUCCESS = MetricSpec(
+    "llmmon_exporter_collector_last_success_timestamp_seconds", "gauge",
+    "Unix time of the collector's last successful run.", ("collector",))
+WATCHED = MetricSpec(
+    "llmmon_exporter_collector_watched", "gauge",
+    "How many devices, files or ranks the collector found to watch (0: nothing here).",
+    ("collector",))
+BUILD = MetricSpec(
+    "llmmon_exporter_build_info", "info", "Version of the running llmmon exporter.",
+    ("version",))
+SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD)
+
+OM_EOF = b"# EOF\n"
+
+
+class _Snapshot:
+    """prometheus_client needs a registry-shaped object: anything with collect()."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def render(families: Iterable[Metric]) -> tuple[bytes, bytes]:
+    """Text and OpenMetrics fragments of `families` (OpenMetrics without its # EOF)."""
+    snapshot = _Snapshot(families)
+    openmetrics = render_openmetrics(snapshot)
+    if openmetrics.endswith(OM_EOF):
+        openmetrics = openmetrics[: -len(OM_EOF)]
+    return render_text(snapshot), openmetrics
+
+
+@dataclass
+class CollectorState:
+    """What the exporter knows about one collector; read by /api/v1/collectors."""
+
+    name: str
+    interval: float
+    timeout: float
+    status: str = "pending"  # pending | ok | empty | failed
+    message: str = ""
+    last_success: float | None = None
+    last_duration: float | None = None
+    last_error: str | None = None
+    errors_total: int = 0
+    watched: int | None = None
+    series: int = 0
+    text: bytes = b""
+    openmetrics: bytes = b""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "message": self.message,
+            "interval_seconds": self.interval,
+            "timeout_seconds": self.timeout,
+            "last_success": self.last_success,
+            "last_duration_seconds": self.last_duration,
+            "last_error": self.last_error,
+            "errors_total": self.errors_total,
+            "watched": self.watched,
+            "series": self.series,
+        }
+
+
+class _Worker:
+    """A daemon thread that runs one job at a time for a driver; it may hang forever."""
+
+    def __init__(self, name: str) -> None:
+        self._job: Callable[[], None] | None = None
+        self._ready = threading.Event()
+        self.done = threading.Event()
+        self.done.set()
+        threading.Thread(target=self._loop, name=f"collect-{name}", daemon=True).start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.done.clear()
+        self._job = job
+        self._ready.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()
+            job, self._job = self._job, None
+            try:
+                if job is not None:
+                    job()
+            finally:
+                self.done.set()
+
+
+class Sampler:
+    """Owns the collectors, their threads and the rendered exposition."""
+
+    def __init__(self, collectors: list[Collector], version: str,
+                 max_staleness: float = 60.0) -> None:
+        self.collectors = collectors
+        self.max_staleness = max_staleness
+        self.states = {
+            c.name: CollectorState(c.name, c.config["interval"], c.config["timeout"])
+            for c in collectors
+        }
+        self._version = version
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._generation = 0
+        self._bodies: dict[tuple[str, bool], tuple[int, bytes]] = {}
+        self._threads: list[threading.Thread] = []
+        self._self_text = b""
+        self._self_openmetrics = b""
+        self._render_self()
+
+    # lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        for collector in self.collectors:
+            try:
+                collector.start()
+            except Exception as exc:  # a collector that cannot start must not stop the others
+                self._finish(collector, None, 0.0, f"start failed: {exc}", Context(), None)
+                continue
+            thread = threading.Thread(target=self._drive, args=(collector,),
+                                      name=f"drive-{collector.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for collector in self.collectors:
+            try:
+                collector.close()
+            except Exception:
+                log.exception("collector=%s close failed", collector.name)
+
+    def wait_first_cycle(self, timeout: float) -> bool:
+        """Block until every collector has finished (or failed) once; for tools and tests."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(s.status != "pending" for s in self.states.values()):
+                return True
+            time.sleep(0.01)
+        return False
+
+    # the driver loop -----------------------------------------------------------------
+    def _drive(self, collector: Collector) -> None:
+        worker = _Worker(collector.name)
+        errlog = ErrorLog(collector.name)
+        timeout = collector.config["timeout"]
+        while not self._stop.is_set():
+            started = time.monotonic()
+            ctx = Context()
+            result: dict[str, Any] = {}
+
+            def job() -> None:
+                try:
+                    result["families"] = list(collector.collect(ctx))
+                except Exception as exc:
+                    result["error"] = f"{type(exc).__name__}: {exc}"
+                    log.debug("collector=%s\n%s", collector.name, traceback.format_exc())
+
+            worker.submit(job)
+            if worker.done.wait(timeout):
+                self._finish(collector, result.get("families"), time.monotonic() - started,
+                             result.get("error"), ctx, errlog)
+            else:
+                self._finish(collector, None, time.monotonic() - started,
+                             f"timed out after {timeout:g}s (the read is still blocked)",
+                             ctx, errlog)
+                while not worker.done.wait(1.0):
+                    if self._stop.is_set():
+                        return
+                    self._expire(collector.name)
+            delay = collector.config["interval"] - (time.monotonic() - started)
+            self._stop.wait(max(delay, 0.0))
+
+    def run_once(self, collector: Collector) -> None:
+        """Run one collector synchronously (used by one-shot tools such as diagnose)."""
+        ctx = Context()
+        started = time.monotonic()
+        try:
+            families, error = list(collector.collect(ctx)), None
+        except Exception as exc:
+            families, error = None, f"{type(exc).__name__}: {exc}"
+        self._finish(collector, families, time.monotonic() - started, error, ctx, None)
+
+    def _finish(self, collector: Collector, families: list[Metric] | None, duration: float,
+                error: str | None, ctx: Context, errlog: ErrorLog | None) -> None:
+        fragments = render(families) if families is not None else None
+        with self._lock:
+            state = self.states[collector.name]
+            previous_status = state.status
+            state.last_duration = duration
+            state.errors_total += ctx.error_count
+            if fragments is None:
+                state.status = "failed"
+                state.last_error = error
+                state.message = error or "failed"
+                state.errors_total += 1
+                self._expire_locked(state)
+            else:
+                state.text, state.openmetrics = fragments
+                state.series = sum(len(f.samples) for f in families or ())
+                state.last_success = time.time()
+                state.last_error = "; ".join(sorted(ctx.errors.values()))[:2000] or None
+                state.watched = ctx.watched
+                if ctx.watched == 0:
+                    state.status = "empty"
+                    state.message = f"nothing to watch: {ctx.watched_what}"
+                else:
+                    state.status = "ok"
+                    state.message = (f"watching {ctx.watched} {ctx.watched_what}"
+                                     if ctx.watched is not None else "")
+            status_changed = previous_status != state.status
+        if errlog is not None:
+            if fragments is None:
+                errlog.fail(state.message)
+            else:
+                errlog.cycle(ctx.errors)
+        if status_changed and state.status == "empty":
+            log.info("collector=%s found nothing to watch (%s); not an error",
+                     collector.name, ctx.watched_what)
+        self._render_self()
+
+    def _expire(self, name: str) -> None:
+        with self._lock:
+            self._expire_locked(self.states[name])
+
+    def _expire_locked(self, state: CollectorState) -> None:
+        """Drop a failing collector's last good snapshot once older than max_staleness."""
+        if state.text and (state.last_success or 0) < time.time() - self.max_staleness:
+            state.text = state.openmetrics = b""
+            state.series = 0
+            self._generation += 1
+
+    # rendering -----------------------------------------------------------------------
+    def _self_families(self) -> Families:
+        families = Families()
+        families.add(BUILD, [self._version], 1)
+        for state in self.states.values():
+            labels = [state.name]
+            families.add(SUCCESS, labels, 1 if state.status in ("ok", "empty") else 0)
+            families.add(ERRORS, labels, state.errors_total)
+            if state.last_duration is not None:
+                families.add(DURATION, labels, state.last_duration)
+            if state.last_success is not None:
+                families.add(LAST_SUCCESS, labels, state.last_success)
+            if state.watched is not None:
+                families.add(WATCHED, labels, state.watched)
+        return families
+
+    def _render_self(self) -> None:
+        with self._lock:
+            families = self._self_families()
+        text, openmetrics = render(families)
+        with self._lock:
+            self._self_text, self._self_openmetrics = text, openmetrics
+            self._generation += 1
+
+    def body(self, openmetrics: bool, compressed: bool) -> bytes:
+        """The full exposition, cached per snapshot generation (and gzipped on demand)."""
+        key = ("om" if openmetrics else "text", compressed)
+        with self._lock:
+            cached = self._bodies.get(key)
+            if cached and cached[0] == self._generation:
+                return cached[1]
+            generation = self._generation
+            if openmetrics:
+                parts = [s.openmetrics for s in self.states.values()]
+                parts += [self._self_openmetrics, OM_EOF]
+            else:
+                parts = [s.text for s in self.states.values()] + [self._self_text]
+        data = b"".join(parts)
+        if compressed:
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+        with self._lock:
+            self._bodies[key] = (generation, data)
+        return data
+
+    def snapshot_json(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [state.as_json() for state in self.states.values()]

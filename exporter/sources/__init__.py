@@ -1,0 +1,1 @@
+"""Sources: the only code that touches files, NVML, netlink or the spool directory."""
