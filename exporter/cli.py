@@ -27,13 +27,23 @@ def _serve(args: argparse.Namespace) -> int:
         logs.setup(settings["log.level"], settings["log.format"])
         host, port = split_listen_address(settings["web.listen_address"])
         daemon = build(settings)
+        app = daemon.app
+        web = None
+        if settings["web.config_file"]:
+            from exporter.webconfig import WebConfig
+
+            web = WebConfig.load(settings["web.config_file"])
+            app = web.protect(app)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                access_log=False, lifespan="off")
+        if web is not None:
+            config = web.configure(config)
     except (ConfigError, ValueError) as exc:
         print(f"llmmon serve: {exc}", file=sys.stderr)
         return 2
     daemon.sampler.start()
     log.info("listening on %s:%d, metrics at %s", host, port, settings["web.telemetry_path"])
-    server = uvicorn.Server(uvicorn.Config(daemon.app, host=host, port=port, log_level="warning",
-                                           access_log=False, lifespan="off"))
+    server = uvicorn.Server(config)
     try:
         server.run()
     finally:

@@ -21,6 +21,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "9476 avoids node_exporter (9100), dcgm-exporter (9400) and "
            "nvidia_gpu_exporter (9835)."),
     Option("web.telemetry_path", "str", "/metrics", "Path under which to expose metrics."),
+    Option("web.config_file", "str", "",
+           "Exporter-toolkit web config (TLS, client certificates, basic auth); "
+           "empty serves plain HTTP. See docs/security.md."),
     Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
            "in a container, or a fixture tree)."),
     Option("path.procfs", "str", "/proc", "procfs mount point."),
