@@ -91,5 +91,5 @@ class Option:
     def parse(self, value: Any) -> Any:
         try:
             return PARSERS[self.type](value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.key}: {exc}") from None
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None

@@ -8,7 +8,7 @@ always 512 bytes in diskstats, whatever the device's block size, and times are m
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
@@ -18,7 +18,19 @@ from exporter.options import Option
 from exporter.sources.fs import SourceError
 
 SECTOR = 512
-MS = 0.001
+
+
+def _count(value: int) -> float:
+    return value
+
+
+def _sectors(value: int) -> float:
+    return value * SECTOR
+
+
+def _milliseconds(value: int) -> float:
+    return value / 1000  # division, not * 0.001, so 21650 ms is exactly 21.65 s
+
 DEFAULT_EXCLUDE = r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$"
 
 
@@ -26,35 +38,35 @@ def _spec(name: str, kind: str, help_text: str) -> MetricSpec:
     return MetricSpec(name, kind, help_text, ("device",))
 
 
-# (spec, diskstats value index after "major minor name", scale)
-FIELDS: tuple[tuple[MetricSpec, int, float], ...] = (
-    (_spec("llmmon_disk_reads_total", "counter", "Reads completed."), 0, 1),
-    (_spec("llmmon_disk_reads_merged_total", "counter", "Adjacent reads merged."), 1, 1),
-    (_spec("llmmon_disk_read_bytes_total", "counter", "Bytes read (sectors x 512)."), 2, SECTOR),
+# (spec, diskstats value index after "major minor name", unit conversion)
+FIELDS: tuple[tuple[MetricSpec, int, Callable[[int], float]], ...] = (
+    (_spec("llmmon_disk_reads_total", "counter", "Reads completed."), 0, _count),
+    (_spec("llmmon_disk_reads_merged_total", "counter", "Adjacent reads merged."), 1, _count),
+    (_spec("llmmon_disk_read_bytes_total", "counter", "Bytes read (sectors x 512)."), 2, _sectors),
     (_spec("llmmon_disk_read_seconds_total", "counter",
-           "Time spent on reads; divide its rate by the reads rate for read latency."), 3, MS),
-    (_spec("llmmon_disk_writes_total", "counter", "Writes completed."), 4, 1),
-    (_spec("llmmon_disk_writes_merged_total", "counter", "Adjacent writes merged."), 5, 1),
+           "Time spent on reads; divide its rate by the reads rate for read latency."), 3, _milliseconds),
+    (_spec("llmmon_disk_writes_total", "counter", "Writes completed."), 4, _count),
+    (_spec("llmmon_disk_writes_merged_total", "counter", "Adjacent writes merged."), 5, _count),
     (_spec("llmmon_disk_written_bytes_total", "counter",
-           "Bytes written (sectors x 512)."), 6, SECTOR),
-    (_spec("llmmon_disk_write_seconds_total", "counter", "Time spent on writes."), 7, MS),
+           "Bytes written (sectors x 512)."), 6, _sectors),
+    (_spec("llmmon_disk_write_seconds_total", "counter", "Time spent on writes."), 7, _milliseconds),
     (_spec("llmmon_disk_io_in_progress", "gauge",
-           "IOs issued to the device and not yet completed (queue depth now)."), 8, 1),
+           "IOs issued to the device and not yet completed (queue depth now)."), 8, _count),
     (_spec("llmmon_disk_io_seconds_total", "counter",
-           "Time the device had IO in flight; its rate is utilisation."), 9, MS),
+           "Time the device had IO in flight; its rate is utilisation."), 9, _milliseconds),
     (_spec("llmmon_disk_io_weighted_seconds_total", "counter",
-           "IO time weighted by IOs in flight; its rate is the average queue depth."), 10, MS),
-    (_spec("llmmon_disk_discards_total", "counter", "Discards completed (kernel 4.18+)."), 11, 1),
+           "IO time weighted by IOs in flight; its rate is the average queue depth."), 10, _milliseconds),
+    (_spec("llmmon_disk_discards_total", "counter", "Discards completed (kernel 4.18+)."), 11, _count),
     (_spec("llmmon_disk_discards_merged_total", "counter",
-           "Adjacent discards merged (kernel 4.18+)."), 12, 1),
+           "Adjacent discards merged (kernel 4.18+)."), 12, _count),
     (_spec("llmmon_disk_discarded_bytes_total", "counter",
-           "Bytes discarded (sectors x 512; kernel 4.18+)."), 13, SECTOR),
+           "Bytes discarded (sectors x 512; kernel 4.18+)."), 13, _sectors),
     (_spec("llmmon_disk_discard_seconds_total", "counter",
-           "Time spent on discards (kernel 4.18+)."), 14, MS),
+           "Time spent on discards (kernel 4.18+)."), 14, _milliseconds),
     (_spec("llmmon_disk_flushes_total", "counter", "Flush requests completed (kernel 5.5+)."),
-     15, 1),
+     15, _count),
     (_spec("llmmon_disk_flush_seconds_total", "counter",
-           "Time spent on flush requests (kernel 5.5+)."), 16, MS),
+           "Time spent on flush requests (kernel 5.5+)."), 16, _milliseconds),
 )
 # Partition lines of 2.6-era kernels carry only: reads, sectors read, writes, sectors written.
 OLD_PARTITION_FIELDS = ((0, 0), (2, 1), (4, 2), (6, 3))
@@ -123,8 +135,8 @@ class DiskCollector(Collector):
                           f"{device}: {len(values)} values, expected 4, 11, 15, 17 or more")
                 continue
             seen.add(device)
-            for (spec, _, scale), value in mapping:
-                families.add(spec, [device], value * scale)
+            for (spec, _, convert), value in mapping:
+                families.add(spec, [device], convert(value))
         return len(seen)
 
     def _pressure(self, ctx: Context, families: Families) -> None:

@@ -1,0 +1,103 @@
+"""Shared test helpers: fixture paths, free ports and a real `llmmon serve` subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+GOLDEN = ROOT / "tests" / "golden"
+REGEN = os.environ.get("LLMMON_REGEN_GOLDEN") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def compare_golden(name: str, actual: str) -> None:
+    """Compare in full with tests/golden/<name>; LLMMON_REGEN_GOLDEN=1 rewrites it on purpose."""
+    path = GOLDEN / name
+    if REGEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual, encoding="utf-8")
+    assert path.exists(), f"missing golden file {path}; run with LLMMON_REGEN_GOLDEN=1"
+    expected = path.read_text(encoding="utf-8")
+    assert actual == expected, f"exposition differs from {path} (LLMMON_REGEN_GOLDEN=1 to accept)"
+
+
+class Server:
+    """A real `llmmon serve` process on 127.0.0.1, stopped by PID at the end."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "serve",
+             f"--web.listen-address=127.0.0.1:{self.port}", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"llmmon serve exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"llmmon serve not ready after {timeout}s:\n{self.log()}")
+
+    def wait_collected(self, timeout: float = 20.0) -> list[dict]:
+        """Wait until no collector is still pending its first run; returns their states."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = requests.get(self.url + "/api/v1/collectors", timeout=2).json()["collectors"]
+            if all(s["status"] != "pending" for s in states):
+                return states
+            time.sleep(0.05)
+        raise AssertionError(f"collectors still pending after {timeout}s: {states}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    """Start `llmmon serve ARGS...` and wait until it answers; stopped after the test."""
+    servers: list[Server] = []
+
+    def start(*args: str) -> Server:
+        server = Server(list(args), tmp_path / f"serve-{len(servers)}.log")
+        servers.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -1,0 +1,34 @@
+"""Build collectors over fixture trees exactly as the daemon does."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import Collector, Context, Environment
+from exporter.config import build_settings
+from exporter.sampler import render
+from exporter.sources.fs import RootedFS
+
+
+def make_collector(cls: type[Collector], procfs: Path, sysfs: Path | None = None,
+                   **options: object) -> Collector:
+    """The collector with its defaults, overridden by `options`, over the given trees."""
+    settings = build_settings(argparse.Namespace(), [cls])
+    config = dict(settings.collectors[cls.name])
+    config.update(options)
+    env = Environment(RootedFS(str(sysfs or procfs)), RootedFS(str(procfs)), settings.values)
+    return cls(env, config)
+
+
+def run(collector: Collector) -> tuple[dict[tuple[str, tuple], float], Context, str]:
+    """Collect once: samples keyed by (name, sorted labels), the context, and the text."""
+    ctx = Context()
+    text = render(collector.collect(ctx))[0].decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples, ctx, text

@@ -1,0 +1,132 @@
+"""The sampler: cadences, timeouts on hung reads, last good snapshots, errors logged once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.collectors.disk import DiskCollector
+from exporter.sampler import Sampler
+from tests.conftest import FIXTURES
+from tests.core.helpers import make_collector
+
+
+class SecondDisk(DiskCollector):
+    """The real disk collector under another name, reading another tree."""
+
+    name = "disk2"
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def state(sampler: Sampler, name: str) -> dict:
+    return next(s for s in sampler.snapshot_json() if s["name"] == name)
+
+
+@pytest.fixture
+def trees(tmp_path: Path) -> tuple[Path, Path]:
+    good = tmp_path / "good"
+    hung = tmp_path / "hung"
+    for tree in (good, hung):
+        shutil.copytree(FIXTURES / "proc", tree, ignore=shutil.ignore_patterns("[0-9]*", "self"))
+    return good, hung
+
+
+def test_hung_read_fails_one_collector_and_the_others_keep_updating(trees) -> None:
+    good, hung = trees
+    fifo = hung / "diskstats"
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading blocks until a writer appears: a hung read
+    blocked = make_collector(DiskCollector, hung, interval=0.2, timeout=0.3)
+    healthy = make_collector(SecondDisk, good, interval=0.05, timeout=1.0)
+    sampler = Sampler([blocked, healthy], "test", max_staleness=60)
+    sampler.start()
+    try:
+        wait_for(lambda: state(sampler, "disk")["status"] == "failed")
+        failed = state(sampler, "disk")
+        assert "timed out after 0.3s" in failed["last_error"]
+        assert failed["errors_total"] == 1
+        body = sampler.body(openmetrics=False, compressed=False).decode()
+        assert 'llmmon_exporter_collector_success{collector="disk"} 0.0' in body
+        assert 'llmmon_exporter_collector_success{collector="disk2"} 1.0' in body
+        before = state(sampler, "disk2")["last_success"]
+        wait_for(lambda: state(sampler, "disk2")["last_success"] > before)
+        assert 'llmmon_disk_reads_total{device="sda"}' in \
+            sampler.body(openmetrics=False, compressed=False).decode()
+        # No second run piles up behind the blocked one: still exactly one failure.
+        time.sleep(0.5)
+        assert state(sampler, "disk")["errors_total"] == 1
+    finally:
+        sampler.stop()
+        # Unblock the worker thread so it does not linger: a writer lets open() return.
+        writer = threading.Thread(target=lambda: open(fifo, "w").close(), daemon=True)
+        writer.start()
+        writer.join(2)
+
+
+def test_failure_keeps_last_good_snapshot_until_stale(trees) -> None:
+    good, _ = trees
+    collector = make_collector(DiskCollector, good, interval=0.05, timeout=1.0)
+    sampler = Sampler([collector], "test", max_staleness=0.5)
+    sampler.start()
+    try:
+        wait_for(lambda: state(sampler, "disk")["status"] == "ok")
+        (good / "diskstats").unlink()
+        (good / "diskstats").mkdir()  # every later read fails
+        original = collector.collect
+
+        def broken(ctx):
+            raise RuntimeError("driver went away")
+
+        collector.collect = broken  # type: ignore[method-assign]
+        wait_for(lambda: state(sampler, "disk")["status"] == "failed")
+        assert state(sampler, "disk")["last_error"] == "RuntimeError: driver went away"
+        assert b"llmmon_disk_reads_total" in sampler.body(False, False)  # last good snapshot
+        wait_for(lambda: b"llmmon_disk_reads_total" not in sampler.body(False, False))
+        collector.collect = original  # type: ignore[method-assign]
+    finally:
+        sampler.stop()
+
+
+def test_errors_are_counted_every_time_but_logged_once(
+        trees, caplog: pytest.LogCaptureFixture) -> None:
+    good, _ = trees
+    (good / "diskstats").write_text("   8    0 sda 1 2 x\n   8   16 sdb 1 0 8 1 0 0 0 0 0 1 1\n")
+    collector = make_collector(DiskCollector, good, interval=0.02, timeout=1.0)
+    sampler = Sampler([collector], "test")
+    with caplog.at_level(logging.INFO, logger="llmmon"):
+        sampler.start()
+        try:
+            wait_for(lambda: state(sampler, "disk")["errors_total"] >= 5)
+            (good / "diskstats").write_text("   8   16 sdb 1 0 8 1 0 0 0 0 0 1 1\n")
+            wait_for(lambda: any("recovered" in r.getMessage() for r in caplog.records))
+        finally:
+            sampler.stop()
+    problems = [r for r in caplog.records if "problem=diskstats:sda" in r.getMessage()]
+    assert len(problems) == 2, [r.getMessage() for r in problems]  # once, then its recovery
+    assert "non-numeric" in problems[0].getMessage()
+
+
+def test_bodies_are_cached_per_generation(trees) -> None:
+    good, _ = trees
+    collector = make_collector(DiskCollector, good)
+    sampler = Sampler([collector], "test")
+    sampler.run_once(collector)
+    first = sampler.body(openmetrics=True, compressed=True)
+    assert sampler.body(openmetrics=True, compressed=True) is first
+    sampler.run_once(collector)
+    assert sampler.body(openmetrics=True, compressed=True) is not first
+    assert sampler.body(openmetrics=True, compressed=False).endswith(b"# EOF\n")
