@@ -1,0 +1,236 @@
+"""--web.config.file against a live `llmmon serve`: HTTPS, minimum TLS version, client
+certificates, bcrypt basic auth, headers, certificate rotation and clear errors."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+import yaml
+
+from deploy_helpers import ROOT, Certs, issue, require
+from exporter.webconfig import WebConfig
+
+PASSWORD = "s3cret-scrape"
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+SHIPPED = [ROOT / "deploy/kubernetes/overlays/tls/web-config.yml",
+           ROOT / "deploy/systemd/web-config.yml"]
+
+
+@pytest.fixture
+def workdir(certs: Certs, tmp_path: Path) -> Path:
+    """A folder holding copies of the certificates, for configs with relative file names."""
+    for path in certs.dir.glob("*.*"):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+def write(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "web-config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def tls(certs: Certs, **extra: object) -> dict:
+    return {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key), **extra}
+
+
+def client(certs: Certs, cert: Path | None = None, key: Path | None = None,
+           max_version: ssl.TLSVersion | None = None, ciphers: str | None = None
+           ) -> httpx.Client:
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    if ciphers is not None:
+        ctx.set_ciphers(ciphers)
+    return httpx.Client(verify=ctx, timeout=10)
+
+
+def test_https_with_basic_auth(tmp_path, certs, web_serve):
+    exporter = web_serve(write(tmp_path, {
+        "tls_server_config": tls(certs),
+        "basic_auth_users": {"prometheus": HASH},
+        "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}}}))
+    with client(certs) as c:
+        ok = c.get(exporter.https + "/metrics", auth=("prometheus", PASSWORD))
+        assert ok.status_code == 200
+        assert 'llmmon_exporter_collector_success{collector="disk"}' in ok.text
+        assert ok.headers["x-content-type-options"] == "nosniff"
+        again = c.get(exporter.https + "/metrics", auth=("prometheus", PASSWORD))
+        assert again.status_code == 200  # served from the auth cache
+        for auth in (None, ("prometheus", "wrong"), ("nobody", PASSWORD)):
+            denied = c.get(exporter.https + "/metrics", auth=auth)
+            assert denied.status_code == 401, auth
+            assert denied.headers["www-authenticate"] == "Basic"
+            assert "llmmon_" not in denied.text
+        assert c.get(exporter.https + "/api/v1/collectors").status_code == 401
+        assert c.get(exporter.https + "/").status_code == 401
+        health = c.get(exporter.https + "/healthz")
+        assert health.status_code == 200 and health.text == "ok\n"
+    with pytest.raises(httpx.HTTPError):  # plain HTTP to the TLS port
+        httpx.get(exporter.http + "/healthz", timeout=5)
+    with pytest.raises(httpx.ConnectError):  # our CA only: a self-signed cert is not trusted
+        httpx.get(exporter.https + "/healthz", timeout=5)
+
+
+def test_basic_auth_without_tls(tmp_path, web_serve):
+    exporter = web_serve(write(tmp_path, {"basic_auth_users": {"prometheus": HASH}}))
+    assert httpx.get(exporter.http + "/metrics", timeout=5).status_code == 401
+    assert httpx.get(exporter.http + "/metrics", auth=("prometheus", PASSWORD),
+                     timeout=5).status_code == 200
+
+
+def test_min_version_tls13_refuses_tls12(tmp_path, certs, web_serve):
+    exporter = web_serve(write(tmp_path, {"tls_server_config": tls(certs, min_version="TLS13")}))
+    with client(certs, max_version=ssl.TLSVersion.TLSv1_2) as c, \
+            pytest.raises(httpx.ConnectError):
+        c.get(exporter.https + "/healthz")
+    with client(certs) as c:
+        assert c.get(exporter.https + "/healthz").status_code == 200
+    s_client = subprocess.run(
+        [require("openssl"), "s_client", "-connect", f"127.0.0.1:{exporter.port}", "-tls1_2"],
+        input="", capture_output=True, text=True, timeout=30)
+    assert s_client.returncode != 0
+    s_client = subprocess.run(
+        [require("openssl"), "s_client", "-connect", f"127.0.0.1:{exporter.port}", "-tls1_3",
+         "-CAfile", str(certs.ca), "-verify_return_error"],
+        input="", capture_output=True, text=True, timeout=30)
+    assert s_client.returncode == 0 and "TLSv1.3" in s_client.stdout
+
+
+def test_cipher_suites_restrict_tls12(tmp_path, certs, web_serve):
+    exporter = web_serve(write(tmp_path, {"tls_server_config": tls(
+        certs, max_version="TLS12",
+        cipher_suites=["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"])}))
+    with client(certs, ciphers="ECDHE-ECDSA-AES256-GCM-SHA384") as c, \
+            pytest.raises(httpx.ConnectError):
+        c.get(exporter.https + "/healthz")
+    with client(certs, ciphers="ECDHE-ECDSA-AES128-GCM-SHA256") as c:
+        assert c.get(exporter.https + "/healthz").status_code == 200
+
+
+def test_require_and_verify_client_cert(tmp_path, certs, web_serve):
+    exporter = web_serve(write(tmp_path, {"tls_server_config": tls(
+        certs, client_ca_file=str(certs.ca), client_auth_type="RequireAndVerifyClientCert")}))
+    with client(certs, certs.client_cert, certs.client_key) as c:
+        assert c.get(exporter.https + "/metrics").status_code == 200
+    for cert, key in ((None, None), (certs.stranger_cert, certs.stranger_key)):
+        with client(certs, cert, key) as c, pytest.raises(httpx.HTTPError):
+            c.get(exporter.https + "/metrics")
+
+
+def test_verify_client_cert_if_given(workdir, certs, web_serve):
+    exporter = web_serve(write(workdir, {"tls_server_config": tls(
+        certs, client_ca_file="ca.crt", client_auth_type="VerifyClientCertIfGiven")}))
+    # ca.crt is relative: resolved against the web config's folder, as exporter-toolkit does
+    with client(certs) as c:
+        assert c.get(exporter.https + "/metrics").status_code == 200
+    with client(certs, certs.stranger_cert, certs.stranger_key) as c, \
+            pytest.raises(httpx.HTTPError):
+        c.get(exporter.https + "/metrics")
+
+
+def peer_certificate(port: int, certs: Certs) -> bytes:
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), 10),
+                         server_hostname="127.0.0.1") as sock:
+        return sock.getpeercert(binary_form=True)
+
+
+def test_renewed_certificate_served_without_restart(workdir, certs, web_serve):
+    tmp_path = workdir
+    cert, key = tmp_path / "live.crt", tmp_path / "live.key"
+    shutil.copy(certs.server_cert, cert)
+    shutil.copy(certs.server_key, key)
+    exporter = web_serve(write(tmp_path, {"tls_server_config": {
+        "cert_file": "live.crt", "key_file": "live.key"}}))
+    before = peer_certificate(exporter.port, certs)
+    issue(certs.dir, "renewed", "ca", "/CN=llmmon-renewed",
+           "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    shutil.copy(certs.dir / "renewed.key", tmp_path / "next.key")
+    shutil.copy(certs.dir / "renewed.crt", tmp_path / "next.crt")
+    (tmp_path / "next.key").replace(key)  # rename: what Secret updates and cert tools do
+    (tmp_path / "next.crt").replace(cert)
+    after = peer_certificate(exporter.port, certs)
+    assert after != before
+    assert after == ssl.PEM_cert_to_DER_cert((certs.dir / "renewed.crt").read_text())
+    assert exporter.process.poll() is None
+
+
+def test_user_list_reloaded(tmp_path, web_serve):
+    path = write(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
+    exporter = web_serve(path)
+    url = exporter.http + "/metrics"
+    assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=5).status_code == 200
+    write(tmp_path, {"basic_auth_users": {"grafana": HASH}})
+    assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=5).status_code == 401
+    assert httpx.get(url, auth=("grafana", PASSWORD), timeout=5).status_code == 200
+    path.write_text("basic_auth_users: [broken")  # a bad edit keeps the last good config
+    assert httpx.get(url, auth=("grafana", PASSWORD), timeout=5).status_code == 200
+
+
+T = {"cert_file": "server.crt", "key_file": "server.key"}
+BAD = [
+    ({"tls_server_config": {"cert_file": "server.crt"}}, "key_file is required"),
+    ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "server.key"}},
+     "missing.crt"),
+    ({"tls_server_config": {**T, "min_version": "TLS14"}}, "unknown TLS version 'TLS14'"),
+    ({"tls_server_config": {**T, "min_version": "TLS13", "max_version": "TLS12"}},
+     "min_version is above max_version"),
+    ({"tls_server_config": {**T, "client_auth_type": "RequireAndVerifyClientCert"}},
+     "needs client_ca_file"),
+    ({"tls_server_config": {**T, "client_auth_type": "RequireAnyClientCert"}}, "not supported"),
+    ({"tls_server_config": {**T, "client_ca_file": "ca.crt"}}, "without a client_auth_type"),
+    ({"tls_server_config": {**T, "cipher_suites": ["TLS_MADE_UP"]}},
+     "unknown cipher 'TLS_MADE_UP'"),
+    ({"tls_server_config": {**T, "curve_preferences": ["X25519"]}}, "curve_preferences is not"),
+    ({"tls_server_config": {**T, "certfile": "x"}}, "unknown key(s) certfile"),
+    ({"basic_auth_users": {"prometheus": "plaintext"}}, "basic_auth_users.prometheus: not a"),
+    ({"http_server_config": {"headers": {"X-Frame-Options": "allow"}}}, "X-Frame-Options"),
+    ({"http_server_config": {"headers": {"Server": "llmmon"}}}, "unknown key(s) Server"),
+    ({"rate_limit": {"burst": 1}}, "unknown key(s) rate_limit"),
+]
+
+
+@pytest.mark.parametrize("config,message", BAD, ids=[m for _, m in BAD])
+def test_bad_config_is_a_clear_error(workdir, config, message):
+    with pytest.raises(ValueError) as err:
+        WebConfig.load(str(write(workdir, config)))
+    assert message in str(err.value)
+    assert str(workdir / "web-config.yml") in str(err.value)
+
+
+def test_serve_refuses_a_bad_web_config(tmp_path):
+    config = tmp_path / "llmmon.yml"
+    config.write_text(yaml.safe_dump({"web": {"config_file": str(write(
+        tmp_path, {"basic_auth_users": {"prometheus": "plaintext"}}))}}))
+    out = subprocess.run([sys.executable, "-m", "exporter", "serve", f"--config.file={config}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "basic_auth_users.prometheus: not a bcrypt hash" in out.stderr
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_examples_pass_promtool_and_load(path, tmp_path, certs):
+    """The shipped file, verbatim, beside real certificates where its relative paths point."""
+    example = tmp_path / "web-config.yml"
+    shutil.copy(path, example)
+    (tmp_path / "tls").mkdir()
+    shutil.copy(certs.server_cert, tmp_path / "tls" / "tls.crt")
+    shutil.copy(certs.server_key, tmp_path / "tls" / "tls.key")
+    shutil.copy(certs.ca, tmp_path / "tls" / "ca.crt")
+    out = subprocess.run([require("promtool"), "check", "web-config", str(example)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    settings = WebConfig.load(str(example)).current()
+    assert settings.users and settings.tls is not None
+    assert settings.tls.min_version >= ssl.TLSVersion.TLSv1_2
