@@ -1,0 +1,1 @@
+"""Grafana dashboards for llmmon, generated as code (see `dashboards.generator`)."""

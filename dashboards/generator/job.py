@@ -1,0 +1,237 @@
+"""Job: one training job across its ranks: who is behind, how fast, how much memory.
+
+Like node.py, the panel functions take their size as keyword arguments for reuse by triage.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import units
+
+from dashboards.generator import limits
+from dashboards.generator.common import build, dashboard_url
+from dashboards.generator.panels import (
+    Query,
+    heatmap,
+    m,
+    prop,
+    rate,
+    row,
+    table,
+    timeseries,
+    value_text,
+)
+
+RANK = "{{job_id}} rank {{rank}}"
+RANK_PG = "{{job_id}} rank {{rank}} {{pg}}"
+PG = "{{job_id}} {{pg}}"
+MFU_STEPS = ((None, "red"), (limits.get("mfu_low"), "yellow"), (0.5, "green"))
+# Reference bus bandwidth of a 1 GB all-reduce (DESIGN.md §1): the low end of 8x400G RoCEv2,
+# of H100 8x400G InfiniBand NDR and of H100 NVLink.
+BUSBW_STEPS = ((None, "red"), (280e9, "orange"), (320e9, "yellow"), (380e9, "green"))
+# How many collectives a rank's last enqueued sequence trails its group's leader, per group.
+BEHIND = (f"max by (cluster, job_id, pg) ({m('llmmon_nccl_last_enqueued_seq', 'job_id')}) "
+          "- on (cluster, job_id, pg) group_right "
+          f"{m('llmmon_nccl_last_enqueued_seq', 'job_id', 'rank')}")
+
+
+def ranks_table(**size):
+    rank_info = m("llmmon_rank_info", "job_id", "rank")
+    with_gpu = (f"{rank_info} * on (cluster, node, uuid) group_left (gpu) "
+                f"{m('llmmon_gpu_info')} or on (cluster, job_id, rank) {rank_info}")
+    per_rank = "max by (cluster, job_id, rank, node)"
+    node_link = {"title": "Node ${__data.fields.node}",
+                 "url": dashboard_url("node", carry=("job_id",), node="${__data.fields.node}")}
+    return table(
+        "Ranks", "Every rank of the job: where it runs, whether its reporter is alive, the "
+        "last collective it completed (highest over its process groups), how many collectives "
+        "it trails the leader of its worst group (the rank behind in a hang is the culprit) "
+        "and the age of its last report. Click a node for its dashboard.",
+        Query(f"max by (cluster, job_id, rank, node, gpu) ({with_gpu})"),
+        Query(f"{per_rank} ({m('llmmon_rank_up', 'job_id', 'rank')})"),
+        Query(f"{per_rank} ({m('llmmon_nccl_last_completed_seq', 'job_id', 'rank')})"),
+        Query(f"{per_rank} ({BEHIND})"),
+        Query(f"{per_rank} ({m('llmmon_rank_report_age_seconds', 'job_id', 'rank')})"),
+        columns=("job_id", "rank", "node", "gpu", "Value #B", "Value #C", "Value #D",
+                 "Value #E"),
+        renames={"job_id": "job", "Value #B": "state", "Value #C": "last completed",
+                 "Value #D": "behind", "Value #E": "report age"},
+        sort_by="rank",
+        overrides=[
+            ("state", [prop("mappings", value_text({"0": ("stale", "red"),
+                                                    "1": ("reporting", "green")})),
+                       prop("custom.cellOptions", {"type": "color-text"})]),
+            ("behind", [prop("thresholds", {"mode": "absolute", "steps": [
+                {"value": None, "color": "green"}, {"value": 1, "color": "red"}]}),
+                        prop("custom.cellOptions", {"type": "color-background"})]),
+            ("report age", [prop("unit", units.Seconds), prop("thresholds", {
+                "mode": "absolute", "steps": [
+                    {"value": None, "color": "green"},
+                    {"value": limits.get("reporter_stale_seconds"), "color": "red"}]}),
+                            prop("custom.cellOptions", {"type": "color-text"})]),
+            ("node", [prop("links", [node_link])]),
+        ], **size)
+
+
+def time_since_progress(**size):
+    return timeseries(
+        "Time since last progress, per process group", "Seconds since any rank of the group "
+        "last completed a collective. It saws up and down while training; a line climbing "
+        "past the dashed hang window is a hang (LLMTrainingHang).", units.Seconds,
+        Query("time() - max by (cluster, job_id, pg) "
+              f"({m('llmmon_nccl_last_progress_timestamp_seconds', 'job_id')})", PG),
+        steps=((None, "green"), (limits.get("hang_window_seconds"), "red")), **size)
+
+
+def ranks_behind(**size):
+    return timeseries(
+        "Collectives behind the group's leader, per rank", "How many collectives each rank's "
+        "last enqueued one trails the most advanced rank of its group. Brief spreads are "
+        "normal (CPUs run ahead); a rank stuck behind while the group stops is the one the "
+        "others wait for.", units.NoUnit, Query(BEHIND, RANK_PG), **size)
+
+
+def completed_seq(**size):
+    return timeseries(
+        "Completed collectives per process group", "Sequence number of the last collective "
+        "the group completed: a rising staircase while training, flat during a hang.",
+        units.NoUnit,
+        Query(f"max by (cluster, job_id, pg) ({m('llmmon_nccl_last_completed_seq', 'job_id')})",
+              PG), **size)
+
+
+def oldest_inflight(**size):
+    return timeseries(
+        "Oldest in-flight collective", "Age of the oldest collective each rank has enqueued "
+        "but not completed. Near zero while healthy; growing on every rank but one: the one "
+        "rank behind never joined.", units.Seconds,
+        Query(m("llmmon_nccl_oldest_inflight_age_seconds", "job_id", "rank"), RANK_PG),
+        steps=((None, "green"), (limits.get("hang_window_seconds"), "red")), **size)
+
+
+def collective_time_heatmap(**size):
+    by_rank = "sum by (cluster, job_id, rank)"
+    return heatmap(
+        "Collective time per rank", "Mean time each rank spends per collective (timing mode). "
+        "The rank that arrives last waits least: a pale row among dark ones is the late "
+        "rank (straggler); all rows darkening together points at the network.", units.Seconds,
+        Query(f"{by_rank} ({rate('llmmon_nccl_collective_duration_seconds_sum', 'job_id', 'rank')})"
+              f" / {by_rank} "
+              f"({rate('llmmon_nccl_collective_duration_seconds_count', 'job_id', 'rank')})",
+              RANK), **size)
+
+
+def enqueue_lag(**size):
+    return timeseries(
+        "Enqueue lag per rank", "How much later each rank enqueues the same collective than "
+        "its node's median rank. Dashed: LLMTrainingStraggler's level.", units.Seconds,
+        Query(m("llmmon_nccl_enqueue_lag_seconds", "job_id", "rank"), RANK_PG),
+        steps=((None, "green"), (limits.get("straggler_enqueue_lag_seconds"), "red")), **size)
+
+
+def busbw(**size):
+    return timeseries(
+        "Bus bandwidth per process group", "Collective bus bandwidth (nccl-tests factors, "
+        "timing mode). Reference for a 1 GB all-reduce: 8x400G RoCEv2 280-360 GB/s after "
+        "tuning, H100 8x400G InfiniBand NDR 320-380 GB/s, H100 NVLink 380-420 GB/s (dashed: "
+        "280, 320, 380). Small collectives never reach these.", units.BytesPerSecondSI,
+        Query(m("job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m", "job_id"), PG),
+        steps=BUSBW_STEPS, min_value=0, **size)
+
+
+def straggler_score(**size):
+    return timeseries(
+        "Straggler score per rank", "How much less a rank waits in collectives than its "
+        "group's median rank (10 min): 0 is typical, positive arrives late. Dashed: "
+        "LLMTrainingStraggler's level.", units.PercentUnit,
+        Query(m("job_id_rank:llmmon_nccl_straggler_score:ratio", "job_id", "rank"), RANK),
+        steps=((None, "green"), (limits.get("straggler_score"), "red")), **size)
+
+
+def step_time(**size):
+    step = "llmmon_training_step_seconds"
+    return timeseries(
+        "Step time", "Median step time per job, and mean step time per rank. A rank slower "
+        "than the rest slows every step of a synchronous job.", units.Seconds,
+        Query("histogram_quantile(0.5, sum by (cluster, job_id, le) "
+              f"({rate(step + '_bucket', 'job_id')}))", "{{job_id}} median"),
+        Query(f"sum by (cluster, job_id, rank) ({rate(step + '_sum', 'job_id', 'rank')}) "
+              f"/ sum by (cluster, job_id, rank) ({rate(step + '_count', 'job_id', 'rank')})",
+              RANK), **size)
+
+
+def mfu(**size):
+    return timeseries(
+        "MFU", "Model FLOPs utilisation: model FLOPs per second over the bf16 dense peak of "
+        f"the job's GPUs. Below {limits.get('mfu_low'):.0%} fails (LLMTrainingMFULow), above "
+        "50 % is excellent.", units.PercentUnit,
+        Query(m("job_id:llmmon_training_mfu:ratio", "job_id"), "{{job_id}}"),
+        steps=MFU_STEPS, min_value=0, **size)
+
+
+def tokens(**size):
+    return timeseries(
+        "Tokens per second", "Training throughput of the job, summed over its ranks.",
+        units.Short,
+        Query(f"sum by (cluster, job_id) ({rate('llmmon_training_tokens_total', 'job_id')})",
+              "{{job_id}} tokens/s"), **size)
+
+
+def allocator_memory(**size):
+    return timeseries(
+        "Allocator reserved vs active, per rank", "Bytes PyTorch's caching allocator has "
+        "reserved from the GPU and bytes in active blocks. Reserved high with active low is "
+        "fragmentation (try expandable_segments).", units.BytesIEC,
+        Query(m("llmmon_torch_memory_reserved_bytes", "job_id", "rank"), RANK + " reserved"),
+        Query(m("llmmon_torch_memory_active_bytes", "job_id", "rank"), RANK + " active"),
+        **size)
+
+
+def fragmentation(**size):
+    return timeseries(
+        "Fragmentation per rank", "Share of reserved memory that holds no tensor. High at "
+        "every instant is fragmentation; dashed: GPUMemoryFragmentation's level.",
+        units.PercentUnit,
+        Query(m("job_id_rank:llmmon_torch_memory_fragmentation:ratio", "job_id", "rank"), RANK),
+        steps=((None, "green"), (limits.get("fragmentation_ratio"), "red")), max_value=1,
+        **size)
+
+
+def reserved_share(**size):
+    return timeseries(
+        "Reserved share of GPU memory", "PyTorch reserved bytes of each rank over its GPU's "
+        "total memory. Dashed: GPUMemoryOOMRisk's level; the next larger peak may not fit.",
+        units.PercentUnit,
+        Query(m("job_id_rank:llmmon_torch_memory_reserved_per_gpu_total:ratio", "job_id",
+                "rank"), RANK),
+        steps=((None, "green"), (limits.get("oom_risk_reserved_ratio"), "red")), max_value=1,
+        **size)
+
+
+def retries_ooms(**size):
+    return timeseries(
+        "Allocator retries and OOMs", "cudaMalloc retries (the allocator flushed its cache: "
+        "the step before an OOM) and out-of-memory errors per rank in each scrape window.",
+        units.Short,
+        Query(rate("llmmon_torch_alloc_retries_total", "job_id", "rank", fn="increase"),
+              RANK + " retries"),
+        Query(rate("llmmon_torch_ooms_total", "job_id", "rank", fn="increase"), RANK + " OOMs"),
+        bars=True, **size)
+
+
+def dashboard() -> dict:
+    third, half, quarter = {"width": 8}, {"width": 12}, {"width": 6}
+    return build("job", "llmmon / Job",
+                 "One training job across its ranks: the ranks table (who is behind), "
+                 "progress per process group, collective timings, bandwidth, stragglers, "
+                 "throughput and allocator memory.",
+                 [row("Ranks"), ranks_table(width=14, height=10),
+                  time_since_progress(width=10, height=10),
+                  row("Progress and collectives"), completed_seq(**third),
+                  ranks_behind(**third), oldest_inflight(**third),
+                  collective_time_heatmap(**half), enqueue_lag(**half),
+                  row("Bandwidth and stragglers"), busbw(**half), straggler_score(**half),
+                  row("Throughput"), step_time(**third), mfu(**third), tokens(**third),
+                  row("Allocator memory"), allocator_memory(**quarter),
+                  fragmentation(**quarter), reserved_share(**quarter),
+                  retries_ooms(**quarter)],
+                 job_scoped_nodes=True)
