@@ -1,0 +1,328 @@
+"""deploy/kubernetes: every kustomization renders (real kubectl kustomize), core kinds pass
+kubernetes-validate --strict, operator kinds pass their CRD schemas strictly, and every security
+and scheduling choice of docs/security.md holds in every overlay."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy_helpers import KUSTOMIZE, ROOT, find, kustomize, require
+from exporter.cli import build_parser
+from exporter.collectors import discover
+from exporter.commands.deploy import rule_groups
+from exporter.config import build_settings
+
+KUSTOMIZATIONS = [KUSTOMIZE, KUSTOMIZE / "base", KUSTOMIZE / "monitoring",
+                  *sorted(p for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())]
+WITH_EXPORTER = [k for k in KUSTOMIZATIONS if k.name != "monitoring"]
+EXAMPLES = sorted((KUSTOMIZE / "examples").glob("*.yaml"))
+K8S_VERSIONS = ("1.29.0", "1.37.0")
+CRDS = ROOT / "tests" / "fixtures" / "crds"
+SPOOL = "/run/llmmon/ranks"
+
+
+def ident(path: Path) -> str:
+    return str(path.relative_to(KUSTOMIZE)) if path != KUSTOMIZE else "default"
+
+
+@cache
+def rendered(path: Path) -> tuple[dict, ...]:
+    return tuple(kustomize(path))
+
+
+def objects(path: Path) -> list[dict]:
+    return copy.deepcopy(list(rendered(path)))
+
+
+def pod(path: Path) -> dict:
+    return find(objects(path), "DaemonSet", "llmmon")["spec"]["template"]["spec"]
+
+
+def container(path: Path) -> dict:
+    return pod(path)["containers"][0]
+
+
+def test_every_kustomization_is_covered():
+    found = {p.parent for p in KUSTOMIZE.rglob("kustomization.yaml")}
+    assert found == set(KUSTOMIZATIONS)
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=ident)
+def test_core_kinds_pass_kubernetes_validate_strict(path):
+    core = [o for o in objects(path) if not o["apiVersion"].startswith("monitoring.coreos.com")]
+    assert core
+    for obj in core:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_pass_kubernetes_validate_strict(example):
+    for obj in yaml.safe_load_all(example.read_text()):
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def strict(schema: Any) -> Any:
+    """kubeconform -strict: objects that list their properties admit no others. Also moves
+    RE2's mid-pattern flags (`^(?i)...`, valid in Go) to the front, where Python wants them."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if isinstance(schema.get("pattern"), str) and schema["pattern"].startswith("^(?i)"):
+            schema["pattern"] = "(?i)^" + schema["pattern"][len("^(?i)"):]
+        if schema.get("properties") and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=ident)
+def test_operator_kinds_pass_their_crd_schemas(path):
+    operator = [o for o in objects(path) if o["apiVersion"] == "monitoring.coreos.com/v1"]
+    if path.name != "base":
+        assert {o["kind"] for o in operator} == {"ServiceMonitor", "PrometheusRule"}
+    for obj in operator:
+        schema = strict(json.loads((CRDS / f"{obj['kind'].lower()}.json").read_text()))
+        jsonschema.validate(obj, schema)
+
+
+def test_crd_check_catches_a_misspelt_field():
+    monitor = find(objects(KUSTOMIZE), "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["honorlabels"] = False
+    schema = strict(json.loads((CRDS / "servicemonitor.json").read_text()))
+    with pytest.raises(jsonschema.ValidationError, match="honorlabels"):
+        jsonschema.validate(monitor, schema)
+
+
+# --- security (docs/security.md, research §d) ------------------------------------------------
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_container_hardening(path):
+    sc = container(path)["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}  # nothing added, in any overlay
+    spec = pod(path)
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["hostIPC"] is False
+    assert spec["automountServiceAccountToken"] is False
+    account = find(objects(path), "ServiceAccount", spec["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    assert not [o for o in objects(path) if o["kind"] in ("Role", "ClusterRole",
+                                                          "RoleBinding", "ClusterRoleBinding")]
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_user_and_host_pid(path):
+    spec = pod(path)
+    sc = spec["securityContext"]
+    if path.name == "pod-attribution":  # the one overlay that needs root-owned host files
+        assert spec["hostPID"] is True and sc["runAsUser"] == 0
+        assert sc["runAsNonRoot"] is False
+    else:
+        assert spec["hostPID"] is False
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == sc["runAsGroup"] == 65534
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_host_mounts_are_read_only_and_minimal(path):
+    spec = pod(path)
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    expected = {"sys": "/sys", "proc": "/proc", "ranks": SPOOL}
+    if path.name == "pod-attribution":
+        expected["pod-resources"] = "/var/lib/kubelet/pod-resources"
+    assert host == expected
+    mounts = {m["name"]: m for m in container(path)["volumeMounts"]}
+    assert all(mounts[name].get("readOnly") is True for name in mounts)
+    assert mounts["ranks"]["mountPath"] == SPOOL  # the exporter's default spool directory
+    args = container(path)["args"]
+    config = yaml.safe_load(
+        find(objects(path), "ConfigMap", _config_name(path))["data"]["config.yaml"])
+    assert config["path"] == {"sysfs": mounts["sys"]["mountPath"],
+                              "procfs": mounts["proc"]["mountPath"]}
+    assert args[0] == "serve" and "--config.file=/etc/llmmon/config.yaml" in args
+
+
+def _config_name(path: Path) -> str:
+    return next(v["configMap"]["name"] for v in pod(path)["volumes"] if v["name"] == "config")
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_config_is_accepted_by_the_exporter(path, tmp_path):
+    """The ConfigMap's config.yaml through the real settings parser: no unknown key slips in."""
+    data = find(objects(path), "ConfigMap", _config_name(path))["data"]["config.yaml"]
+    file = tmp_path / "config.yaml"
+    file.write_text(data)
+    args = build_parser().parse_args(["serve", f"--config.file={file}"])
+    settings = build_settings(args, discover())
+    web = settings["web.config_file"]
+    if path.name == "tls":
+        mount = next(m for m in container(path)["volumeMounts"] if m["name"] == "web")
+        assert web == mount["mountPath"] + "/web-config.yml"
+    else:
+        assert web == ""
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_scheduling_probes_resources_and_upgrades(path):
+    objs = objects(path)
+    ds = find(objs, "DaemonSet", "llmmon")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"]["kubernetes.io/os"] == "linux"
+    assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    assert any(_tolerates(t, gpu_taint) for t in spec["tolerations"])
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    c = container(path)
+    scheme = "HTTPS" if path.name == "tls" else "HTTP"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/healthz"
+        assert c[probe]["httpGet"]["port"] == "metrics"
+        assert c[probe]["httpGet"].get("scheme", "HTTP") == scheme
+    for kind in ("requests", "limits"):
+        assert set(c["resources"][kind]) == {"cpu", "memory"}
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert not [k for k in selector if "version" in k or k == "helm.sh/chart"]
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    image = c["image"]
+    assert ":" in image and not image.endswith(":latest")
+    assert {"name": "metrics", "containerPort": 9476, "protocol": "TCP"} in c["ports"]
+
+
+def _tolerates(toleration: dict, taint: dict) -> bool:
+    if toleration.get("effect") not in (None, taint["effect"]):
+        return False
+    if toleration.get("operator") == "Exists":
+        return toleration.get("key") in (None, taint["key"])
+    return toleration.get("key") == taint["key"] and toleration.get("value") == taint["value"]
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_namespace_service_and_network_policy(path):
+    objs = objects(path)
+    ns = find(objs, "Namespace", "llmmon")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"} \
+        == {"llmmon"}
+    pod_labels = find(objs, "DaemonSet", "llmmon")["spec"]["template"]["metadata"]["labels"]
+    service = find(objs, "Service", "llmmon")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    policy = find(objs, "NetworkPolicy", "llmmon")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9476}]
+    (source,) = rule["from"]
+    assert source["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+
+
+@pytest.mark.parametrize("path", [k for k in KUSTOMIZATIONS if k.name != "base"], ids=ident)
+def test_service_monitor_scrapes_the_service_as_job_llmmon(path):
+    objs = objects(path)
+    monitor = find(objs, "ServiceMonitor", "llmmon")["spec"]
+    service = find(objects(KUSTOMIZE / "base"), "Service", "llmmon")
+    assert service["metadata"]["name"] == "llmmon"  # job label = Service name, as rules expect
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["honorLabels"] is False
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+            "action": "replace"} in endpoint["relabelings"]
+    if path.name == "tls":
+        assert endpoint["scheme"] == "https" and endpoint["basicAuth"]
+        assert endpoint["tlsConfig"]["serverName"] == "llmmon"
+
+
+def test_tls_overlay_mounts_web_config_beside_its_certificates():
+    spec = pod(KUSTOMIZE / "overlays" / "tls")
+    web = next(v for v in spec["volumes"] if v["name"] == "web")["projected"]["sources"]
+    secret = find(objects(KUSTOMIZE / "overlays" / "tls"), "Secret", web[0]["secret"]["name"])
+    config = yaml.safe_load(base64.b64decode(secret["data"]["web-config.yml"]))
+    paths = {item["path"] for source in web[1:] for item in source["secret"]["items"]}
+    tls = config["tls_server_config"]
+    assert {tls["cert_file"], tls["key_file"]} <= paths
+
+
+# --- generated objects: exactly what alerts/ and dashboards/ ship ----------------------------
+
+def test_generated_files_are_current():
+    out = subprocess.run([sys.executable, "-m", "exporter", "deploy", "generate", "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_prometheus_rule_carries_exactly_the_shipped_rules(tmp_path):
+    rule = find(objects(KUSTOMIZE), "PrometheusRule", "llmmon")
+    shipped = []
+    for path in sorted((ROOT / "alerts" / "rules").glob("*.yaml")):
+        shipped.extend(yaml.safe_load(path.read_text())["groups"])
+    assert rule["spec"]["groups"] == shipped == rule_groups(ROOT)
+    names = [r.get("alert") or r.get("record") for g in shipped for r in g["rules"]]
+    assert len(names) == sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    extracted = tmp_path / "rules.yaml"
+    extracted.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = subprocess.run([require("promtool"), "check", "rules", str(extracted)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboard_config_maps_carry_every_dashboard_verbatim():
+    maps = [o for o in objects(KUSTOMIZE) if o["kind"] == "ConfigMap"
+            and o["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    shipped = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
+    assert shipped
+    found = {}
+    for cm in maps:
+        (name, text), = cm["data"].items()
+        found[name] = text
+        # client-side `kubectl apply` keeps the whole object in a 256 KiB annotation
+        assert len(json.dumps(cm, separators=(",", ":"))) < 262144, name
+    assert found == shipped
+
+
+def test_alertmanager_example_secret_is_the_shipped_config(tmp_path):
+    source = ROOT / "alerts" / "alertmanager.yaml"
+    example = KUSTOMIZE / "examples" / "alertmanager-secret.yaml"
+    assert source.exists() == example.exists()
+    if not source.exists():
+        return
+    (secret,) = [d for d in yaml.safe_load_all(example.read_text())]
+    assert secret["stringData"]["alertmanager.yaml"] == source.read_text()
+    config = tmp_path / "alertmanager.yaml"
+    config.write_text(secret["stringData"]["alertmanager.yaml"])
+    out = subprocess.run([require("amtool"), "check-config", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_training_job_writes_where_the_exporter_reads():
+    (job,) = yaml.safe_load_all((KUSTOMIZE / "examples" / "training-job.yaml").read_text())
+    spec = job["spec"]["template"]["spec"]
+    (trainer,) = spec["containers"]
+    assert trainer["command"][:3] == ["llmmon", "launch", "--"]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert env["LLMMON_SPOOL"]["value"] == SPOOL
+    assert env["LLMMON_JOB"]["valueFrom"]["fieldRef"]["fieldPath"].startswith("metadata.labels")
+    mount = next(m for m in trainer["volumeMounts"] if m["mountPath"] == SPOOL)
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    exporter = next(v for v in pod(KUSTOMIZE)["volumes"] if v["name"] == "ranks")
+    assert volume["hostPath"] == exporter["hostPath"]
