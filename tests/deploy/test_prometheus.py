@@ -1,0 +1,99 @@
+"""deploy/prometheus: promtool accepts the shipped configs (and the rules they load), and the
+scale-out path works for real: a Prometheus agent scrapes a live exporter with the shipped
+agent.yml and remote-writes into a second Prometheus, which then answers queries for it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from deploy_helpers import ROOT, free_port, require, stop, wait_for_port
+
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+
+
+@pytest.mark.parametrize("name", ["prometheus.yml", "agent.yml"])
+def test_promtool_accepts_the_config_and_its_rules(name):
+    out = subprocess.run([require("promtool"), "check", "config", name], cwd=PROMETHEUS,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    if name == "prometheus.yml":  # the shipped rule files, loaded through the relative glob
+        shipped = sorted((ROOT / "alerts" / "rules").glob("*.yaml"))
+        assert shipped and f"SUCCESS: {len(shipped)} rule files found" in out.stdout
+
+
+def test_targets_file_is_valid_file_sd():
+    for path in (PROMETHEUS / "targets").glob("*.yml"):
+        for group in yaml.safe_load(path.read_text()):
+            assert set(group) == {"targets", "labels"}
+            assert all(t.endswith(":9476") for t in group["targets"])
+            assert group["labels"]["node"]
+
+
+def test_kubernetes_scrape_job_matches_the_daemonset():
+    """Debian's promtool has no Kubernetes discovery: check the job's shape instead."""
+    (job,) = yaml.safe_load((PROMETHEUS / "kubernetes-scrape.yml").read_text())[
+        "scrape_configs"]
+    assert job["job_name"] == "llmmon"
+    (sd,) = job["kubernetes_sd_configs"]
+    assert sd["role"] == "pod" and sd["namespaces"]["names"] == ["llmmon"]
+    assert {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
+            "regex": "metrics", "action": "keep"} in job["relabel_configs"]
+    assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"} \
+        in job["relabel_configs"]
+
+
+def _query(url: str, promql: str) -> list[dict]:
+    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10)
+    response.raise_for_status()
+    return response.json()["data"]["result"]
+
+
+def test_agent_remote_writes_into_a_second_prometheus(tmp_path: Path, web_serve):
+    exporter = web_serve()
+    receiver_port, agent_port = free_port(), free_port()
+    # The shipped agent.yml with only the store's URL and the intervals changed.
+    agent = yaml.safe_load((PROMETHEUS / "agent.yml").read_text())
+    agent["remote_write"][0]["url"] = f"http://127.0.0.1:{receiver_port}/api/v1/write"
+    agent["remote_write"][0]["queue_config"]["batch_send_deadline"] = "1s"
+    agent["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    (tmp_path / "agent.yml").write_text(yaml.safe_dump(agent))
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "nodes.yml").write_text(yaml.safe_dump(
+        [{"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"node": "test-node"}}]))
+    (tmp_path / "receiver.yml").write_text("global: {}\n")
+    prometheus = require("prometheus")
+    processes = []
+    try:
+        for name, args, port in (
+                ("receiver", [f"--config.file={tmp_path / 'receiver.yml'}",
+                              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                              "--web.enable-remote-write-receiver"], receiver_port),
+                ("agent", ["--enable-feature=agent", f"--config.file={tmp_path / 'agent.yml'}",
+                           f"--storage.agent.path={tmp_path / 'wal'}"], agent_port)):
+            log = tmp_path / f"{name}.log"
+            with open(log, "wb") as sink:
+                processes.append(subprocess.Popen(
+                    [prometheus, *args, f"--web.listen-address=127.0.0.1:{port}"],
+                    stdout=sink, stderr=subprocess.STDOUT))
+            wait_for_port(port, processes[-1], log)
+        receiver = f"http://127.0.0.1:{receiver_port}"
+        promql = 'llmmon_exporter_collector_success{job="llmmon",collector="disk"}'
+        deadline, result = time.monotonic() + 90, []
+        while time.monotonic() < deadline and not result:
+            result = _query(receiver, promql)
+            time.sleep(0.5)
+        assert result, f"nothing arrived in 90 s:\n{(tmp_path / 'agent.log').read_text()}"
+        (series,) = result
+        assert series["metric"]["node"] == "test-node"
+        assert series["metric"]["cluster"] == agent["global"]["external_labels"]["cluster"]
+        assert series["value"][1] == "1"
+        assert _query(receiver, 'count(up{job="llmmon"} == 1)')[0]["value"][1] == "1"
+    finally:
+        for process in processes:
+            stop(process)
