@@ -61,21 +61,26 @@ def _dashboard_name(stem: str) -> str:
 
 
 def alertmanager_secret(root: Path) -> list[dict[str, Any]]:
-    """alerts/alertmanager.yaml as the Secret prometheus-operator's Alertmanager reads."""
+    """alerts/alertmanager.yaml, with the templates it names, as the Secret
+    prometheus-operator's Alertmanager reads (every key lands in its config folder)."""
     path = root / "alerts" / "alertmanager.yaml"
     if not path.exists():
         return []
+    text = path.read_text(encoding="utf-8")
+    data = {"alertmanager.yaml": text}
+    for name in (yaml.safe_load(text) or {}).get("templates") or []:
+        data[Path(name).name] = (path.parent / name).read_text(encoding="utf-8")
     return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
              "metadata": {**_metadata("alertmanager-main"), "namespace": "monitoring"},
-             "stringData": {"alertmanager.yaml": path.read_text(encoding="utf-8")}}]
+             "stringData": data}]
 
 
 # output file (relative to the repository) -> (its sources, the objects it holds)
 OUTPUTS: dict[str, tuple[str, Callable[[Path], list[dict[str, Any]]]]] = {
     "deploy/kubernetes/monitoring/prometheusrule.yaml": ("alerts/rules/*.yaml", prometheus_rule),
     "deploy/kubernetes/monitoring/dashboards.yaml": ("dashboards/*.json", dashboard_configmaps),
-    "deploy/kubernetes/examples/alertmanager-secret.yaml": ("alerts/alertmanager.yaml",
-                                                           alertmanager_secret),
+    "deploy/kubernetes/examples/alertmanager-secret.yaml": (
+        "alerts/alertmanager.yaml and its templates", alertmanager_secret),
 }
 
 

@@ -305,11 +305,13 @@ def test_alertmanager_example_secret_is_the_shipped_config(tmp_path):
     assert source.exists() == example.exists()
     if not source.exists():
         return
-    (secret,) = [d for d in yaml.safe_load_all(example.read_text())]
-    assert secret["stringData"]["alertmanager.yaml"] == source.read_text()
-    config = tmp_path / "alertmanager.yaml"
-    config.write_text(secret["stringData"]["alertmanager.yaml"])
-    out = subprocess.run([require("amtool"), "check-config", str(config)],
+    (secret,) = yaml.safe_load_all(example.read_text())
+    data = secret["stringData"]
+    assert data["alertmanager.yaml"] == source.read_text()
+    for name, text in data.items():  # the config and every template it names, verbatim
+        assert (source.parent / name).read_text() == text
+        (tmp_path / name).write_text(text)
+    out = subprocess.run([require("amtool"), "check-config", str(tmp_path / "alertmanager.yaml")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
