@@ -1,0 +1,1 @@
+"""Helpers of the GPU collector: fast power sampling, XID events, pod attribution, peak FLOPs."""

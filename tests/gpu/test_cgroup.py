@@ -1,0 +1,45 @@
+"""Pod UID and container ID from /proc/<pid>/cgroup: cgroup v1 and v2, systemd and cgroupfs."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.gpu.cgroup import PodRef, parse_cgroup, pod_of
+from exporter.sources.fs import RootedFS
+from tests.gpu.conftest import PROC
+
+CONTAINER = "038603692f9ae5f4e6164b7226b59f1f34b10458eaf20ece8f7ca768097e0883"
+
+
+@pytest.mark.parametrize("pid, shape, pod_uid, container", [
+    (41000, "v2 systemd containerd", "6f1c2a3b-4d5e-4f60-8a1b-2c3d4e5f6071", "038603692f9a"),
+    (41001, "v2 systemd cri-o guaranteed", "0b9e8d7c-6a5b-4c3d-9e2f-1a0b9c8d7e6f",
+     "454e61a0dab0"),
+    (41002, "v1 systemd docker (hybrid)", "d2c1b0a9-8f7e-4d6c-b5a4-938271605f4e",
+     "6b66866c3e47"),
+    (41003, "v1 cgroupfs", "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d", "409e6ac6dca6"),
+    (41004, "v2 cgroupfs", "9f8e7d6c-5b4a-4392-a1b0-c9d8e7f6a5b4", "d9bc69dd92e8"),
+    (41005, "v2 systemd, nested cgroup", "1e2d3c4b-5a69-4788-96a5-b4c3d2e1f0a9",
+     "73285fdbe67c"),
+])
+def test_fixture_shapes(pid: int, shape: str, pod_uid: str, container: str) -> None:
+    ref = pod_of(RootedFS(str(PROC)), pid)
+    assert ref.pod_uid == pod_uid, shape
+    assert ref.container_id[:12] == container and len(ref.container_id) == 64, shape
+
+
+def test_processes_outside_kubernetes_or_gone() -> None:
+    procfs = RootedFS(str(PROC))
+    assert pod_of(procfs, 41008) == PodRef()  # a login session
+    assert pod_of(procfs, 41009) == PodRef()  # exited: no /proc entry
+
+
+def test_pod_without_a_container_cgroup_yet() -> None:
+    text = "0::/kubepods.slice/kubepods-besteffort.slice/" \
+           "kubepods-besteffort-pod6f1c2a3b_4d5e_4f60_8a1b_2c3d4e5f6071.slice\n"
+    assert parse_cgroup(text) == PodRef("6f1c2a3b-4d5e-4f60-8a1b-2c3d4e5f6071", "")
+
+
+def test_a_word_that_merely_contains_pod_is_not_a_pod() -> None:
+    assert parse_cgroup("0::/system.slice/podman-3a1b.scope\n") == PodRef()
+    assert parse_cgroup(f"0::/machine.slice/docker-{CONTAINER}.scope\n") == PodRef()
