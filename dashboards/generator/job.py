@@ -201,7 +201,7 @@ def reserved_share(**size):
         "Reserved share of GPU memory", "PyTorch reserved bytes of each rank over its GPU's "
         "total memory. Dashed: GPUMemoryOOMRisk's level; the next larger peak may not fit.",
         units.PercentUnit,
-        Query(m("job_id_rank:llmmon_torch_memory_reserved_per_gpu_total:ratio", "job_id",
+        Query(m("job_id_rank:llmmon_torch_memory_reserved_per_gpu_memory:ratio", "job_id",
                 "rank"), RANK),
         steps=((None, "green"), (limits.get("oom_risk_reserved_ratio"), "red")), max_value=1,
         **size)

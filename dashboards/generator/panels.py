@@ -39,11 +39,11 @@ def m(metric: str, *scope: str) -> str:
     """A selector filtered by the dashboard variables.
 
     `scope` holds variable names (`node`, `gpu`, `job_id`, `rank`), each becoming
-    `<name>=~"$<name>"`, or raw matchers containing `=` (`'state="used"'`). `cluster` is always
-    included: it is `.*` when the cluster label is absent.
+    `<name>=~"$<name>"`, or whole matchers (`'state="used"'`). `cluster` is always included:
+    it is `.*` when the cluster label is absent.
     """
     matchers = ['cluster=~"$cluster"']
-    matchers += [item if "=" in item else f'{item}=~"${item}"' for item in scope]
+    matchers += [f'{item}=~"${item}"' if item.isidentifier() else item for item in scope]
     return f"{metric}{{{', '.join(matchers)}}}"
 
 
@@ -126,8 +126,8 @@ def timeseries(title: str, description: str, unit: str, *queries: Query, width: 
     panel = _common(timeseries_panel.Panel(), title, description, unit, queries, width, height,
                     steps=steps, **options)
     panel.legend(cb.VizLegendOptions().show_legend(True)
-                 .display_mode(common.LegendDisplayMode.TABLE)
-                 .placement(common.LegendPlacement.RIGHT).calcs(["lastNotNull", "max"]))
+                 .display_mode(common.LegendDisplayMode.LIST)
+                 .placement(common.LegendPlacement.BOTTOM))
     panel.tooltip(cb.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
                   .sort(common.SortOrder.DESCENDING))
     if steps:

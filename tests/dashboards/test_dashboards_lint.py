@@ -110,6 +110,14 @@ def test_variables(dashboards) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_queries_use_only_known_variables(dashboards, targets) -> None:
+    builtin = {"__rate_interval", "__range", "__interval"}
+    names = {v["name"] for model in dashboards.values() for v in model["templating"]["list"]}
+    problems = [f"{t.name}: ${name}" for t in targets
+                for name in re.findall(r"\$\{?(\w+)", t.expr) if name not in names | builtin]
+    assert not problems, "\n".join(problems)
+
+
 def test_every_query_uses_the_datasource_variable(panels) -> None:
     problems = []
     for panel in panels:
@@ -248,4 +256,5 @@ def test_alert_names_exist_and_triage_covers_them_all(dashboards) -> None:
             for name in group.split("|")}
     assert used <= alerts, f"unknown alerts: {sorted(used - alerts)}"
     triage = json.dumps(dashboards["llmmon-triage"])
-    assert not [a for a in alerts if f"Runbook: {a}" not in triage], "triage misses alerts"
+    placed = {alert: triage.count(f'"Runbook: {alert}"') for alert in alerts}
+    assert all(n == 1 for n in placed.values()), f"alerts not in exactly one branch: {placed}"
