@@ -1,0 +1,299 @@
+"""The reporter thread: reads the Flight Recorder and allocator on cadences, writes the spool.
+
+Rules it keeps, because it runs inside someone's training job:
+- one low-priority daemon thread; nothing runs on the training thread except `step()`;
+- it waits for torch.distributed to be initialised by the job and never imports torch itself;
+- no collectives, no CUDA synchronisation, no CUDA calls that could create a context;
+- every failure is caught and counted; it backs off exponentially and, after repeated
+  failures, disables itself and says so in its file (and once in the log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from exporter.reporter import flight, identity, layout, spoolfile
+from exporter.reporter.dumppipe import DumpPipe
+from exporter.reporter.stepstats import StepStats
+
+log = logging.getLogger("llmmon.reporter")
+
+MAX_FAILURES = 10  # consecutive; with the default cadence that is ~2.5 minutes of retries
+MAX_BACKOFF = 60.0  # seconds, and at most 30 status intervals
+# torch.cuda.memory_stats() keys shipped to the daemon, under torch's own names.
+MEMORY_KEYS = (
+    "allocated_bytes.all.current", "allocated_bytes.all.peak",
+    "reserved_bytes.all.current", "reserved_bytes.all.peak",
+    "active_bytes.all.current", "inactive_split_bytes.all.current",
+    "num_alloc_retries", "num_ooms",
+)
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    try:
+        value = float(env.get(key, default))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """Defaults from the issue; LLMMON_*_INTERVAL environment variables override them."""
+
+    status: float = 1.0
+    inflight: float = 5.0
+    entries: float = 20.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Cadence:
+        return cls(_seconds(env, "LLMMON_STATUS_INTERVAL", cls.status),
+                   _seconds(env, "LLMMON_INFLIGHT_INTERVAL", cls.inflight),
+                   _seconds(env, "LLMMON_ENTRIES_INTERVAL", cls.entries))
+
+
+def _progress(status: bytes) -> dict[str, tuple[int, int]]:
+    """pg -> (last enqueued, last completed) from a ~250-byte status dump."""
+    groups = json.loads(status).get("pg_status") or {}
+    return {str(pg): (int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
+            for pg, s in groups.items()}
+
+
+class _Session:
+    """What the reporter learns once the job's default process group exists."""
+
+    def __init__(self, torch: Any, env: Mapping[str, str], spool: str) -> None:
+        dist = torch.distributed
+        self.torch = torch
+        self.c10d = dist.distributed_c10d
+        self.nccl = "nccl" in str(dist.get_backend()).lower()
+        api = flight.choose_api(torch._C._distributed_c10d, self.nccl)
+        if api is None:
+            raise RuntimeError("this torch has no Flight Recorder JSON dump (torch < 2.5)")
+        self.flight = flight.FlightRecorder(torch._C._distributed_c10d, api)
+        rank = dist.get_rank()
+        self.identity = identity.identity(env, rank, dist.get_world_size())
+        self.rank, self.pid = rank, os.getpid()
+        self.env = env
+        self.dir = layout.job_dir(spool, self.identity["job_id"])
+        self.state_name = layout.state_name(rank, self.pid)
+        self.entries_name = layout.entries_name(rank, self.pid)
+        self.device: int | None = None
+        self.pgs: dict[str, dict[str, Any]] = {}
+        self._pg_count = -1
+        dump_prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        self.dump_path = f"{dump_prefix}{rank}.json" if dump_prefix else None
+        self.pipe: DumpPipe | None = None
+
+    def open_pipe(self) -> None:
+        """ProcessGroupNCCL opens its own dump pipe; other backends get ours."""
+        prefix = self.env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+        if prefix and self.dump_path and not self.nccl:
+            self.pipe = DumpPipe(f"{prefix}{self.rank}.pipe")
+
+    def refresh(self) -> None:
+        """Group metadata when the set of groups changed; the GPU once CUDA is up."""
+        count = len(self.c10d._world.pg_names)
+        if count != self._pg_count:
+            self.pgs, self._pg_count = flight.process_groups(self.c10d), count
+        if self.device is None and self.torch.cuda.is_initialized():
+            self.device = identity.cuda_device(self.torch, self.env, self.identity["local_rank"])
+            self.identity.update(identity.gpu(self.torch, self.device))
+
+    def memory(self) -> dict[str, int] | None:
+        if self.device is None:
+            return None
+        stats = self.torch.cuda.memory_stats(self.device)
+        return {key: int(stats.get(key, 0)) for key in MEMORY_KEYS}
+
+
+class Reporter:
+    def __init__(self, spool: str, cadence: Cadence, steps: StepStats,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.spool = spool
+        self.cadence = cadence
+        self.steps = steps
+        self.env = os.environ if env is None else env  # read live: jobs set MASTER_* late
+        self.started_ns = time.time_ns()
+        self.ticks = 0
+        self.errors_total = 0
+        self.failures = 0
+        self.last_error = ""
+        self.disabled_reason = ""
+        self.dumps_written = 0
+        self._session: _Session | None = None
+        self._previous: dict[str, tuple[int, int]] = {}
+        self._inflight: bytes | None = None
+        self._next_inflight = 0.0
+        self._next_entries = 0.0
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._cycle = threading.Condition()
+        self._force_requested = 0
+        self._force_served = 0
+        self._thread = threading.Thread(target=self._run, name="llmmon-reporter", daemon=True)
+
+    # control, from any thread ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Run a full tick (entries included) now; True once one finished in time."""
+        with self._cycle:
+            self._force_requested += 1
+            target = self._force_requested
+            self._wake.set()
+            self._cycle.wait_for(
+                lambda: self._force_served >= target or not self._thread.is_alive(), timeout)
+            return self._force_served >= target
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "running": self._thread.is_alive(),
+            "connected": self._session is not None,
+            "fr_api": self._session.flight.api if self._session else None,
+            "ticks": self.ticks,
+            "errors_total": self.errors_total,
+            "last_error": self.last_error,
+            "disabled": bool(self.disabled_reason),
+            "disabled_reason": self.disabled_reason,
+            "dumps_written": self.dumps_written,
+        }
+
+    # the thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
+        while not self._stop.is_set():
+            with self._cycle:
+                serving = self._force_requested
+            delay = self.cadence.status
+            try:
+                self._tick(serving > self._force_served)
+                self.failures = 0
+            except Exception as exc:  # the trainer must never see our problems
+                delay = self._failed(exc)
+            with self._cycle:
+                self._force_served = serving
+                self._cycle.notify_all()
+            if self.disabled_reason:
+                break
+            self._wake.wait(delay)
+            self._wake.clear()
+        if self._session is not None and self._session.pipe is not None:
+            self._session.pipe.close()
+
+    def _failed(self, exc: Exception) -> float:
+        self.errors_total += 1
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        if self.failures >= MAX_FAILURES:
+            self.disabled_reason = (f"disabled after {self.failures} consecutive failures; "
+                                    f"last: {self.last_error}")
+            log.warning("llmmon reporter %s", self.disabled_reason)
+            try:
+                self._write_state(None, None)
+            except Exception:
+                pass  # the spool itself may be what is broken
+        return min(self.cadence.status * 2 ** self.failures, 30 * self.cadence.status,
+                   MAX_BACKOFF)
+
+    def _connect(self) -> _Session | None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        session = _Session(sys.modules["torch"], self.env, self.spool)
+        self._session = session
+        try:
+            session.open_pipe()
+        except OSError as exc:  # no dumps on request, but everything else still works
+            self.errors_total += 1
+            self.last_error = f"dump pipe: {exc}"[:500]
+        return session
+
+    def _tick(self, force: bool) -> None:
+        session = self._session or self._connect()
+        if session is None:
+            return  # the job has not initialised torch.distributed yet
+        if not session.torch.distributed.is_initialized():
+            return  # destroyed at the end of training: the files go stale, as they should
+        now = time.monotonic()
+        session.refresh()
+        status = session.flight.status()
+        progress = _progress(status)
+        stuck = any(enqueued > completed and self._previous.get(pg, (0, -1))[1] == completed
+                    for pg, (enqueued, completed) in progress.items())
+        self._previous = progress
+        if not stuck:
+            self._inflight = None
+        elif force or now >= self._next_inflight:
+            self._inflight = session.flight.active()
+            self._next_inflight = now + self.cadence.inflight
+        if not os.path.isdir(self.spool):
+            # The node daemon creates the spool; without it there is no one to report to.
+            raise FileNotFoundError(f"spool directory {self.spool} does not exist")
+        os.makedirs(session.dir, exist_ok=True)
+        if force or now >= self._next_entries:
+            self._write_entries(session)
+            self._next_entries = now + self.cadence.entries
+        self._write_state(status, session.memory())
+        self.ticks += 1
+        if session.pipe is not None and session.pipe.requested():
+            self._dump(session)
+
+    # files ---------------------------------------------------------------------------
+    def _write_state(self, status: bytes | None, memory: dict[str, int] | None) -> None:
+        session = self._session
+        if session is None:
+            return
+        header = {
+            "schema": layout.SCHEMA,
+            "kind": "state",
+            "written_ns": time.time_ns(),
+            "identity": session.identity,
+            "reporter": {
+                "started_ns": self.started_ns,
+                "ticks": self.ticks,
+                "errors_total": self.errors_total,
+                "last_error": self.last_error,
+                "disabled": bool(self.disabled_reason),
+                "disabled_reason": self.disabled_reason,
+                "fr_api": session.flight.api,
+                "cadence": {"status": self.cadence.status, "inflight": self.cadence.inflight,
+                            "entries": self.cadence.entries},
+            },
+            "pgs": session.pgs,
+            "memory": memory,
+            "step": self.steps.snapshot(),
+        }
+        data = spoolfile.compose(header, {"status": status, "inflight": self._inflight})
+        spoolfile.write_atomic(session.dir, session.state_name, data)
+
+    def _write_entries(self, session: _Session) -> None:
+        header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": time.time_ns(),
+                  "identity": {k: session.identity[k] for k in ("job_id", "rank", "pid")}}
+        data = spoolfile.compose(header, {"dump": session.flight.full()})
+        spoolfile.write_atomic(session.dir, session.entries_name, data)
+
+    def _dump(self, session: _Session) -> None:
+        assert session.dump_path is not None
+        directory, name = os.path.split(session.dump_path)
+        os.makedirs(directory, exist_ok=True)
+        spoolfile.write_atomic(directory, name, session.flight.full())
+        self.dumps_written += 1
+
