@@ -31,16 +31,6 @@ class PciPath:
         return self.chain[-1]
 
 
-def normalize_address(address: str) -> str:
-    """NVML's `00000000:18:00.0` and sysfs's `0000:18:00.0` name the same function."""
-    parts = address.strip().lower().split(":")
-    if len(parts) == 2:
-        parts.insert(0, "0")
-    if len(parts) != 3:
-        raise ValueError(f"not a PCI address: {address!r}")
-    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
-
-
 def locate(sysfs: RootedFS, *parts: str) -> PciPath | None:
     """The PCI place of the device a sysfs link points at; None for virtual devices."""
     real = os.path.realpath(sysfs.path(*parts))
