@@ -1,0 +1,136 @@
+"""Series per node, measured, and the capacity table of docs/capacity.md computed from it.
+
+Starts `llmmon serve` on the richest fixture node the tests have (8 replayed H200s, the RDMA and
+NIC fixture trees, ethtool and netlink dumps, diskstats, the rank spool when it exists), waits
+until every collector has run, and counts the samples of one scrape, per collector from
+/api/v1/collectors. Prints the table; `--write-docs` replaces the generated block of
+docs/capacity.md; JSON goes to bench/results/series_count.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from common import free_port, rss_mib, stop, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+# (flag, fixture): the inputs of a fat 8-GPU training node; missing fixtures are reported.
+INPUTS = (
+    ("--path.sysfs", FIXTURES / "sys"),
+    ("--path.procfs", FIXTURES / "proc"),
+    ("--fake-nvml", FIXTURES / "nvml" / "h200x8"),
+    ("--ethtool.dumps", FIXTURES / "ethtool"),
+    ("--netlink.dump", FIXTURES / "netlink" / "links.json"),
+    ("--spool.dir", FIXTURES / "spool"),
+)
+GPUS_PER_NODE = 8
+CLUSTERS_GPUS = (1_000, 10_000, 100_000)
+SCRAPE_INTERVAL_S = 15
+# Planning figure, not a measurement: Prometheus 2.x needs roughly this much memory per
+# active head series (index, chunks, labels); check yours with process_resident_memory_bytes
+# / prometheus_tsdb_head_series.
+BYTES_PER_SERIES = 4096
+ONE_PROMETHEUS_MAX_SERIES = 2_000_000
+# The GPU collector's slow calls (energy, ECC, PCIe, NVLink) run every 15 s: scrape after them.
+SETTLE_S = 16
+MARK_START, MARK_END = "<!-- series-table:start -->", "<!-- series-table:end -->"
+
+
+def measure() -> dict:
+    used = [(flag, path) for flag, path in INPUTS if path.exists()]
+    missing = [str(path.relative_to(ROOT)) for flag, path in INPUTS if not path.exists()]
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{port}",
+             *(f"{flag}={path}" for flag, path in used)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_http(port, "/healthz")
+            _settled(port)
+            time.sleep(SETTLE_S)
+            states = _settled(port)
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            rss, _ = rss_mib(process.pid)
+        finally:
+            stop(process)
+    samples = [line for line in body.decode().splitlines() if line and line[0] != "#"]
+    per_collector = {s["name"]: s["series"] for s in states}
+    return {"series_per_node": len(samples), "per_collector": per_collector,
+            "exporter_self": len(samples) - sum(per_collector.values()),
+            "collector_status": {s["name"]: s["status"] for s in states},
+            "rss_mib": round(rss, 1), "inputs": [str(p.relative_to(ROOT)) for _, p in used],
+            "missing_inputs": missing}
+
+
+def _settled(port: int, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        url = f"http://127.0.0.1:{port}/api/v1/collectors"
+        states = json.load(urllib.request.urlopen(url, timeout=10))["collectors"]
+        if all(s["status"] != "pending" for s in states) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.2)
+
+
+def table(result: dict) -> str:
+    per_node = result["series_per_node"]
+    lines = [
+        f"Measured: **{per_node} series per 8-GPU node** "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(result['per_collector'].items()))}, "
+        f"exporter self-metrics {result['exporter_self']}); exporter RSS "
+        f"{result['rss_mib']} MiB.",
+    ]
+    if result["missing_inputs"]:
+        lines.append(f"Not yet measured (fixture absent): {', '.join(result['missing_inputs'])}.")
+    lines += ["", "| GPUs | nodes | active series | samples/s at 15 s | Prometheus memory "
+              "(planning) | topology |", "|---:|---:|---:|---:|---:|---|"]
+    for gpus in CLUSTERS_GPUS:
+        nodes = gpus // GPUS_PER_NODE
+        series = nodes * per_node
+        memory_gib = series * BYTES_PER_SERIES / 2**30
+        topology = ("one Prometheus (pair for HA)" if series <= ONE_PROMETHEUS_MAX_SERIES / 4
+                    else "one large Prometheus, or agents + remote write"
+                    if series <= ONE_PROMETHEUS_MAX_SERIES
+                    else "agents + remote write to Mimir/Thanos/VictoriaMetrics")
+        lines.append(f"| {gpus:,} | {nodes:,} | {series:,} | {series // SCRAPE_INTERVAL_S:,} | "
+                     f"{memory_gib:,.1f} GiB | {topology} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(text: str) -> None:
+    path = ROOT / "docs" / "capacity.md"
+    doc = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
+    assert pattern.search(doc), f"{path} lacks the {MARK_START} ... {MARK_END} block"
+    path.write_text(pattern.sub(lambda _: f"{MARK_START}\n{text}{MARK_END}", doc),
+                    encoding="utf-8")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-docs", action="store_true",
+                        help="Replace the generated table in docs/capacity.md.")
+    args = parser.parse_args()
+    result = measure()
+    text = table(result)
+    print(text)
+    results = ROOT / "bench" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "series_count.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
