@@ -330,19 +330,21 @@ class WebConfig:
         return _signature((self.path,) + (tls.files if tls else ()))
 
     def _reload(self) -> None:
+        """Apply a changed file; a bad edit or a half-renewed key pair keeps the last good."""
+        running = self._serving_tls
         try:
             fresh = parse(self.path)
+            context = (replace(running, **_files(fresh.tls)).context()
+                       if fresh.tls is not None and running is not None else self._context)
         except ValueError as exc:
             log.error("keeping the previous web config: %s", exc)
             return
-        running = self._serving_tls
         if (fresh.tls is None) != (running is None) or (
                 fresh.tls is not None and running is not None
                 and _policy(fresh.tls) != _policy(running)):
             log.warning("web config %s: TLS on/off, versions, client auth and ciphers apply "
                         "after a restart; certificates and users apply now", self.path)
-        if fresh.tls is not None and running is not None:
-            self._context = replace(running, **_files(fresh.tls)).context()
+        self._context = context
         self._settings = fresh
         log.info("web config %s reloaded", self.path)
 

@@ -158,8 +158,10 @@ def test_renewed_certificate_served_without_restart(workdir, certs, web_serve):
            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     shutil.copy(certs.dir / "renewed.key", tmp_path / "next.key")
     shutil.copy(certs.dir / "renewed.crt", tmp_path / "next.crt")
-    (tmp_path / "next.key").replace(key)  # rename: what Secret updates and cert tools do
-    (tmp_path / "next.crt").replace(cert)
+    (tmp_path / "next.crt").replace(cert)  # rename, as Secret updates and cert tools do
+    # half renewed: the new certificate does not match the old key; the last good pair serves
+    assert peer_certificate(exporter.port, certs) == before
+    (tmp_path / "next.key").replace(key)
     after = peer_certificate(exporter.port, certs)
     assert after != before
     assert after == ssl.PEM_cert_to_DER_cert((certs.dir / "renewed.crt").read_text())
