@@ -126,7 +126,8 @@ def _runbook_url(thresholds: Mapping[str, Threshold], alert: str) -> str:
     return f"{thresholds['runbook_base_url'].text}#{alert.lower()}"
 
 
-def render(thresholds: Mapping[str, Threshold], for_override: str | None = None) -> Rendered:
+def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
+           source_dir: Path = SOURCE_DIR) -> Rendered:
     """Render every rule source; raises RenderError on unknown or unused names."""
     if for_override is not None and not DURATION.match(for_override):
         raise RenderError(f"--for-override {for_override!r} is not a Prometheus duration")
@@ -134,7 +135,7 @@ def render(thresholds: Mapping[str, Threshold], for_override: str | None = None)
     files: dict[str, dict] = {}
     infos: list[RuleInfo] = []
     for source in SOURCES:
-        data = yaml.safe_load((SOURCE_DIR / source).read_text())
+        data = yaml.safe_load((source_dir / source).read_text())
         snippets = data.pop("snippets", {})
         expander = _Expander(thresholds, snippets, source)
         groups = []
@@ -233,6 +234,11 @@ def render_files(rendered: Rendered, rules_dir: Path = RULES_DIR, doc: Path | No
     return files
 
 
+def stale(files: Mapping[Path, str]) -> list[Path]:
+    """The paths whose content differs from what a render writes."""
+    return [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+
+
 def _parse_set(items: Sequence[str]) -> dict[str, Any]:
     overrides = {}
     for item in items:
@@ -261,10 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     files = render_files(rendered) if args.out is None else render_files(rendered, args.out, None)
     if args.check:
-        stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
-        for path in stale:
+        outdated = stale(files)
+        for path in outdated:
             print(f"stale: {path.relative_to(ROOT)} (run python -m alerts.render)", file=sys.stderr)
-        return 1 if stale else 0
+        return 1 if outdated else 0
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
