@@ -1,0 +1,177 @@
+"""alerts/alertmanager.yaml through the real amtool and a real Alertmanager on 127.0.0.1:
+routing per severity, notification text, and that each inhibition mutes exactly its targets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from alert_helpers import ALERTMANAGER_CONFIG, Alertmanager
+
+TEMPLATES = ALERTMANAGER_CONFIG.parent / "notifications.tmpl"
+
+
+def _amtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["amtool", *args], capture_output=True, text=True, timeout=30)
+
+
+def test_config_is_valid() -> None:
+    result = _amtool("check-config", str(ALERTMANAGER_CONFIG))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " - 6 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
+
+
+@pytest.mark.parametrize("labels, receiver", [
+    ("alertname=GPULost severity=critical cluster=c1 node=n1 uuid=GPU-1", "pager"),
+    ("alertname=LLMTrainingHang severity=critical cluster=c1 job_id=llama rank=3 node=n2", "pager"),
+    ("alertname=GPUThermalThrottle severity=warning cluster=c1 node=n1", "tickets"),
+    ("alertname=LLMTrainingStraggler severity=warning cluster=c1 job_id=llama rank=2", "tickets"),
+    ("alertname=RDMACongestion severity=info cluster=c1 node=n1 device=mlx5_0 port=1", "record-only"),
+    ("alertname=SomethingElse cluster=c1", "record-only"),
+])
+def test_route(labels: str, receiver: str) -> None:
+    result = _amtool("config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
+                     f"--verify.receivers={receiver}", *labels.split())
+    assert result.returncode == 0 and result.stdout.strip() == receiver, result.stdout + result.stderr
+
+
+def _window() -> dict[str, str]:
+    now = datetime.now(timezone.utc)
+    return {"startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
+
+
+def test_job_alerts_are_grouped_per_job_and_node_alerts_per_node(alertmanager: Alertmanager) -> None:
+    hang = {"alertname": "LLMTrainingHang", "severity": "critical", "cluster": "c1", "job_id": "llama"}
+    lost = {"alertname": "GPULost", "severity": "critical", "cluster": "c1"}
+    alertmanager.post([{"labels": labels, **_window()} for labels in (
+        {**hang, "rank": "3", "node": "node-b"}, {**hang, "rank": "9", "node": "node-c"},
+        {**lost, "node": "node-a", "uuid": "GPU-a0"}, {**lost, "node": "node-a", "uuid": "GPU-a1"},
+        {**lost, "node": "node-b", "uuid": "GPU-b0"})])
+    expected = {
+        ("pager", (("alertname", "LLMTrainingHang"), ("cluster", "c1"), ("job_id", "llama")), 2),
+        ("pager", (("alertname", "GPULost"), ("cluster", "c1"), ("node", "node-a")), 2),
+        ("pager", (("alertname", "GPULost"), ("cluster", "c1"), ("node", "node-b")), 1),
+    }
+    deadline = time.monotonic() + 10
+    while True:
+        groups = {(group["receiver"]["name"], tuple(sorted(group["labels"].items())), len(group["alerts"]))
+                  for group in alertmanager.groups()}
+        if groups == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert groups == expected
+
+
+def test_notification_shows_the_evidence_and_the_runbook(tmp_path: Path) -> None:
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "LLMTrainingHang", "severity": "critical", "cluster": "c1",
+                   "job_id": "llama", "rank": "3", "node": "node-b", "pg": "0"},
+        "annotations": {"summary": "A process group of a training job stopped making progress.",
+                        "description": "Rank 3 of job llama on node node-b is the rank behind.",
+                        "runbook_url": "https://example.org/runbooks.md#llmtraininghang"},
+        "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "", "fingerprint": "0"}
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({
+        "receiver": "pager", "status": "firing", "alerts": [alert],
+        "groupLabels": {"alertname": "LLMTrainingHang", "cluster": "c1", "job_id": "llama"},
+        "commonLabels": alert["labels"], "commonAnnotations": alert["annotations"],
+        "externalURL": "http://127.0.0.1:9093"}))
+    result = _amtool("template", "render", f"--template.glob={TEMPLATES}", f"--template.data={data}",
+                     '--template.text={{ template "llmmon.title" . }}\n{{ template "llmmon.text" . }}')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "[FIRING:1] LLMTrainingHang job llama on node-b (c1)\n"
+        "FIRING [critical] A process group of a training job stopped making progress.\n"
+        "Rank 3 of job llama on node node-b is the rank behind.\n"
+        "Runbook: https://example.org/runbooks.md#llmtraininghang\n"
+        "Labels: alertname=LLMTrainingHang cluster=c1 job_id=llama node=node-b pg=0 rank=3 severity=critical\n\n")
+
+
+# name -> labels; sources first, then what each must mute, then near-misses that must stay active.
+SOURCES = {
+    "hang": {"alertname": "LLMTrainingHang", "severity": "critical", "reason": "rank_not_enqueued",
+             "cluster": "c1", "job_id": "llama", "rank": "3", "node": "node-b", "pg": "0"},
+    "lost": {"alertname": "GPULost", "severity": "critical", "cluster": "c1", "node": "node-a",
+             "gpu": "0", "uuid": "GPU-a0"},
+    "linkdown": {"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1",
+                 "node": "node-a", "device": "mlx5_0", "port": "1"},
+    "exporterdown": {"alertname": "LLMMonExporterDown", "severity": "warning", "cluster": "c1",
+                     "node": "node-c", "instance": "10.0.0.3:9435", "job": "llmmon"},
+    "oom": {"alertname": "GPUMemoryOOM", "severity": "critical", "cluster": "c1", "job_id": "llama",
+            "rank": "5", "node": "node-b"},
+    "hwthermal": {"alertname": "GPUThermalThrottle", "severity": "critical", "cluster": "c1",
+                  "node": "node-d", "gpu": "1", "uuid": "GPU-d1", "reason": "hw_thermal_slowdown"},
+}
+MUTED = {  # target -> (labels, the source that mutes it)
+    "straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning", "reason": "collective_time",
+                   "cluster": "c1", "job_id": "llama", "rank": "2", "node": "node-b"}, "hang"),
+    "mfu": ({"alertname": "LLMTrainingMFULow", "severity": "warning", "cluster": "c1", "job_id": "llama"},
+            "hang"),
+    "starvation": ({"alertname": "GPUDataLoaderStarvation", "severity": "warning", "cluster": "c1",
+                    "node": "node-a", "job_id": "llama"}, "hang"),
+    "power": ({"alertname": "GPUPowerBelowPeers", "severity": "warning", "cluster": "c1", "node": "node-a",
+               "gpu": "1", "uuid": "GPU-a1", "job_id": "llama"}, "hang"),
+    "lost-thermal": ({"alertname": "GPUThermalThrottle", "severity": "warning", "cluster": "c1",
+                      "node": "node-a", "gpu": "0", "uuid": "GPU-a0", "reason": "sw_thermal_slowdown"}, "lost"),
+    "lost-xid": ({"alertname": "GPUXidError", "severity": "critical", "cluster": "c1", "node": "node-a",
+                  "gpu": "0", "uuid": "GPU-a0", "xid": "79"}, "lost"),
+    "loss": ({"alertname": "RDMAPacketLoss", "severity": "warning", "cluster": "c1", "node": "node-a",
+              "device": "mlx5_0", "port": "1"}, "linkdown"),
+    "congestion": ({"alertname": "RDMACongestion", "severity": "info", "reason": "cnp", "cluster": "c1",
+                    "node": "node-a", "device": "mlx5_0", "port": "1"}, "linkdown"),
+    "flapping": ({"alertname": "RDMALinkFlapping", "severity": "warning", "reason": "link_downed",
+                  "cluster": "c1", "node": "node-a", "device": "mlx5_0", "port": "1"}, "linkdown"),
+    "collector": ({"alertname": "LLMMonCollectorFailing", "severity": "warning", "cluster": "c1",
+                   "node": "node-c", "collector": "gpu"}, "exporterdown"),
+    "reporter": ({"alertname": "LLMMonReporterStale", "severity": "warning", "cluster": "c1",
+                  "node": "node-c", "job_id": "gpt", "rank": "7"}, "exporterdown"),
+    "oomrisk": ({"alertname": "GPUMemoryOOMRisk", "severity": "warning", "reason": "alloc_retries",
+                 "cluster": "c1", "job_id": "llama", "rank": "5", "node": "node-b"}, "oom"),
+    "fragmentation": ({"alertname": "GPUMemoryFragmentation", "severity": "warning", "cluster": "c1",
+                       "job_id": "llama", "rank": "5", "node": "node-b"}, "oom"),
+    "swthermal": ({"alertname": "GPUThermalThrottle", "severity": "warning", "cluster": "c1", "node": "node-d",
+                   "gpu": "1", "uuid": "GPU-d1", "reason": "sw_thermal_slowdown"}, "hwthermal"),
+}
+ACTIVE = {
+    "other-job": {"alertname": "LLMTrainingStraggler", "severity": "warning", "cluster": "c1",
+                  "job_id": "gpt", "rank": "2", "node": "node-b"},
+    "other-cluster": {"alertname": "LLMTrainingMFULow", "severity": "warning", "cluster": "c2",
+                      "job_id": "llama"},
+    "not-a-symptom": {"alertname": "LLMTrainingLossNonFinite", "severity": "critical", "cluster": "c1",
+                      "job_id": "llama"},
+    "other-gpu": {"alertname": "GPUThermalThrottle", "severity": "warning", "cluster": "c1", "node": "node-a",
+                  "gpu": "1", "uuid": "GPU-a1", "reason": "sw_thermal_slowdown"},
+    "other-port": {"alertname": "RDMAPacketLoss", "severity": "warning", "cluster": "c1", "node": "node-a",
+                   "device": "mlx5_1", "port": "1"},
+    "other-node": {"alertname": "LLMMonCollectorFailing", "severity": "warning", "cluster": "c1",
+                   "node": "node-d", "collector": "gpu"},
+    "other-rank": {"alertname": "GPUMemoryOOMRisk", "severity": "warning", "reason": "reserved_near_capacity",
+                   "cluster": "c1", "job_id": "llama", "rank": "6", "node": "node-b", "uuid": "GPU-b6"},
+    "other-name": {"alertname": "GPUXidError", "severity": "warning", "cluster": "c1", "node": "node-d",
+                   "gpu": "1", "uuid": "GPU-d1", "xid": "13"},
+}
+
+
+def test_each_inhibition_mutes_exactly_its_targets(alertmanager: Alertmanager) -> None:
+    every = {**SOURCES, **{name: labels for name, (labels, _) in MUTED.items()}, **ACTIVE}
+    alertmanager.post([{"labels": labels, "annotations": {"summary": name}, **_window()}
+                       for name, labels in every.items()])
+    expected = {name: [] for name in [*SOURCES, *ACTIVE]}
+    deadline = time.monotonic() + 10
+    while True:
+        got = {a["annotations"]["summary"]: a for a in alertmanager.alerts()}
+        fingerprint = {name: got[name]["fingerprint"] for name in SOURCES if name in got}
+        expected.update({name: [fingerprint.get(source)] for name, (_, source) in MUTED.items()})
+        state = {name: got[name]["status"]["inhibitedBy"] for name in got}
+        if state == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert state == expected
+    assert all(got[name]["status"]["state"] == ("suppressed" if name in MUTED else "active") for name in got)

@@ -1,0 +1,54 @@
+"""The shipped rules through Prometheus' own promtool: lint, and the unit tests in promtool/."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import render
+
+PROMTOOL_TESTS = sorted((Path(__file__).parent / "promtool").glob("*.yaml"))
+RULE_FILES = sorted(render.RULES_DIR.glob("*.yaml"))
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_rules_pass_promtool_check_with_every_lint() -> None:
+    result = _promtool("check", "rules", "--lint=all", "--lint-fatal", *map(str, RULE_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(RULE_FILES)
+
+
+@pytest.mark.parametrize("suite", PROMTOOL_TESTS, ids=lambda path: path.stem)
+def test_promtool_unit_tests(suite: Path) -> None:
+    result = _promtool("test", "rules", str(suite))
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def _cases() -> list[tuple[dict, dict]]:
+    """(alert_rule_test, expected alert or {} for a must-not-fire case) over every suite."""
+    cases = []
+    for suite in PROMTOOL_TESTS:
+        for test in yaml.safe_load(suite.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                cases.extend((case, alert) for alert in case.get("exp_alerts") or [{}])
+    return cases
+
+
+def test_every_rule_fires_in_full_somewhere_and_every_alert_has_a_near_miss(alert_rules: list[dict]) -> None:
+    """A rule is told apart from its siblings by its static labels (severity, reason)."""
+    cases = _cases()
+    for rule in alert_rules:
+        name, labels = rule["alert"], {k: str(v) for k, v in rule["labels"].items()}
+        firing = [alert for case, alert in cases if case["alertname"] == name and alert
+                  and labels.items() <= {k: str(v) for k, v in alert["exp_labels"].items()}.items()]
+        assert firing, f"{name} {labels}: no promtool case where it fires"
+        assert all(set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
+                   for alert in firing), f"{name}: annotations not written out in full"
+        assert any(case["alertname"] == name and not alert for case, alert in cases), \
+            f"{name}: no promtool case where it must stay silent"
