@@ -143,10 +143,7 @@ def test_user_and_host_pid(path):
 def test_host_mounts_are_read_only_and_minimal(path):
     spec = pod(path)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    expected = {"sys": "/sys", "proc": "/proc", "ranks": SPOOL}
-    if path.name == "pod-attribution":
-        expected["pod-resources"] = "/var/lib/kubelet/pod-resources"
-    assert host == expected
+    assert host == {"sys": "/sys", "proc": "/proc", "ranks": SPOOL}
     mounts = {m["name"]: m for m in container(path)["volumeMounts"]}
     assert all(mounts[name].get("readOnly") is True for name in mounts)
     assert mounts["ranks"]["mountPath"] == SPOOL  # the exporter's default spool directory
@@ -170,6 +167,7 @@ def test_config_is_accepted_by_the_exporter(path, tmp_path):
     file.write_text(data)
     args = build_parser().parse_args(["serve", f"--config.file={file}"])
     settings = build_settings(args, discover())
+    assert settings.collectors["nfs"]["enabled"] is (path.name == "pod-attribution")
     web = settings["web.config_file"]
     if path.name == "tls":
         mount = next(m for m in container(path)["volumeMounts"] if m["name"] == "web")
