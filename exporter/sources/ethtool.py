@@ -45,15 +45,18 @@ def parse_dump(text: str, where: str) -> Statistics:
     """`ethtool -S` output: a header, then `name: value` lines; names may contain ': '."""
     stats = Statistics([])
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.strip() == HEADER:
+        stripped = line.strip()
+        if not stripped or stripped == HEADER:
             continue
-        name, sep, value = line.rpartition(":")
-        try:
-            if not sep or not name.strip():
-                raise ValueError
-            stats.values.append((name.strip(), int(value)))
-        except ValueError:
-            stats.problems.append(f"{where}:{number}: not 'name: value': {line.strip()[:80]!r}")
+        name, sep, value = stripped.rpartition(":")
+        name = name.rstrip()
+        if sep and name:
+            try:
+                stats.values.append((name, int(value)))
+                continue
+            except ValueError:
+                pass
+        stats.problems.append(f"{where}:{number}: not 'name: value': {stripped[:80]!r}")
     return stats
 
 
