@@ -240,6 +240,26 @@ def test_runbook_links_resolve() -> None:
     assert links <= anchors, f"runbook anchors missing: {sorted(links - anchors)}"
 
 
+def test_panels_the_runbooks_cite_exist(dashboards) -> None:
+    """A runbook's "Confirm" step names dashboard panels in italics; renaming one breaks it."""
+    uids = {"Cluster wall": "llmmon-cluster-wall", "Node": "llmmon-node", "Job": "llmmon-job",
+            "Triage": "llmmon-triage"}
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text(encoding="utf-8")
+    problems, cited = [], 0
+    for paragraph in re.split(r"\n\s*\n", runbooks):
+        paragraph = " ".join(paragraph.split())
+        where = re.search(r"(Cluster wall|Node|Job|Triage) dashboard", paragraph)
+        if "**Confirm.**" not in paragraph or not where:
+            continue
+        titles = {p["title"] for p in dashboards[uids[where.group(1)]]["panels"]}
+        for title in re.findall(r"(?<!\*)\*([^*]+)\*(?!\*)", paragraph):
+            cited += 1
+            if title not in titles:
+                problems.append(f"{where.group(0)} has no panel {title!r}")
+    assert cited, "no panel citations found in docs/runbooks.md"
+    assert not problems, "\n".join(problems)
+
+
 def test_every_metric_is_exported_or_recorded(dashboards) -> None:
     known = exported_names() | _rules("record") | {"ALERTS"}
     problems = sorted({f"{name}: {metric}" for name, model in dashboards.items()
