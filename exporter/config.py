@@ -23,7 +23,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("web.telemetry_path", "str", "/metrics", "Path under which to expose metrics."),
     Option("web.config_file", "str", "",
            "Exporter-toolkit web config (TLS, client certificates, basic auth); "
-           "empty serves plain HTTP. See docs/security.md."),
+           "empty serves plain HTTP. See docs/security.md.", flag="--web.config.file"),
     Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
            "in a container, or a fixture tree)."),
     Option("path.procfs", "str", "/proc", "procfs mount point."),
@@ -41,6 +41,10 @@ class ConfigError(Exception):
 
 def flag_for(key: str) -> str:
     return "--" + key.replace("_", "-")
+
+
+def global_flag(option: Option) -> str:
+    return option.flag or flag_for(option.key)
 
 
 def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
@@ -79,7 +83,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
                         action="store_true", default=None,
                         help="Disable every collector not enabled explicitly.")
     for option in GLOBAL_OPTIONS:
-        parser.add_argument(flag_for(option.key), dest=f"g:{option.key}", metavar="VALUE",
+        parser.add_argument(global_flag(option), dest=f"g:{option.key}", metavar="VALUE",
                             help=f"{option.help} (default: {option.default})")
     for cls in classes:
         group = parser.add_argument_group(f"collector {cls.name}", cls.description)
@@ -139,7 +143,7 @@ def build_settings(args: argparse.Namespace, classes: list[type[Collector]]) -> 
         file_section = _section(data.get(section, {}), section)
         value = given.get(f"g:{option.key}")
         if value is not None:
-            values[option.key] = _parse(option, value, flag_for(option.key))
+            values[option.key] = _parse(option, value, global_flag(option))
         elif key in file_section:
             values[option.key] = _parse(option, file_section[key], option.key)
         else:

@@ -11,7 +11,7 @@ import pytest
 from exporter.cli import build_parser
 from exporter.collectors import discover
 from exporter.config import GLOBAL_OPTIONS, ConfigError, build_settings, collector_flag, \
-    collector_options, flag_for
+    collector_options, global_flag
 
 
 def settings_for(*argv: str):
@@ -86,7 +86,7 @@ def test_help_documents_every_flag() -> None:
     result = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
-    flags = [flag_for(o.key) for o in GLOBAL_OPTIONS] + ["--config.file",
+    flags = [global_flag(o) for o in GLOBAL_OPTIONS] + ["--config.file",
                                                          "--collector.disable-defaults"]
     for cls in discover():
         flags += [collector_flag(cls, o) for o in collector_options(cls)]
