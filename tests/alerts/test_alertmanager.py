@@ -4,14 +4,16 @@ routing per severity, notification text, and that each inhibition mutes exactly 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
-from alert_helpers import ALERTMANAGER_CONFIG, Alertmanager
+from alert_helpers import ALERTMANAGER_CONFIG, Alertmanager, promtool_cases
 
 TEMPLATES = ALERTMANAGER_CONFIG.parent / "notifications.tmpl"
 
@@ -38,6 +40,32 @@ def test_route(labels: str, receiver: str) -> None:
     result = _amtool("config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
                      f"--verify.receivers={receiver}", *labels.split())
     assert result.returncode == 0 and result.stdout.strip() == receiver, result.stdout + result.stderr
+
+
+def _matches(matchers: list[str], labels: dict[str, str]) -> bool:
+    for matcher in matchers:
+        name, op, value = re.fullmatch(r'(\w+)(=~|!~|!=|=)"(.*)"', matcher).groups()
+        hit = re.fullmatch(value, labels.get(name, "")) is not None
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
+def test_inhibition_sources_and_named_targets_carry_the_equal_labels() -> None:
+    """An `equal` label missing on both sides matches everything; the rules must produce them all.
+    Checked on the label sets the promtool cases expect the rules to fire with."""
+    fired = [{"alertname": case["alertname"], **{k: str(v) for k, v in alert["exp_labels"].items()}}
+             for case, alert in promtool_cases() if alert]
+    rules = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())["inhibit_rules"]
+    for rule in (r for r in rules if any(m.startswith("alertname=") for m in r["source_matchers"])):
+        sides = [rule["source_matchers"]]
+        if rule["target_matchers"][0].startswith(("alertname=", "alertname=~")):
+            sides.append(rule["target_matchers"])
+        for matchers in sides:
+            matched = [labels for labels in fired if _matches(matchers, labels)]
+            assert matched, f"no rule fires an alert matching {matchers}"
+            for labels in matched:
+                assert set(rule["equal"]) <= set(labels), f"{labels} lacks one of {rule['equal']}"
 
 
 def _window() -> dict[str, str]:

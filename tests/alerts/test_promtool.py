@@ -6,11 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
+from alert_helpers import PROMTOOL_TESTS, promtool_cases
 from alerts import render
 
-PROMTOOL_TESTS = sorted((Path(__file__).parent / "promtool").glob("*.yaml"))
 RULE_FILES = sorted(render.RULES_DIR.glob("*.yaml"))
 
 
@@ -30,19 +29,9 @@ def test_promtool_unit_tests(suite: Path) -> None:
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
-def _cases() -> list[tuple[dict, dict]]:
-    """(alert_rule_test, expected alert or {} for a must-not-fire case) over every suite."""
-    cases = []
-    for suite in PROMTOOL_TESTS:
-        for test in yaml.safe_load(suite.read_text())["tests"]:
-            for case in test.get("alert_rule_test", []):
-                cases.extend((case, alert) for alert in case.get("exp_alerts") or [{}])
-    return cases
-
-
 def test_every_rule_fires_in_full_somewhere_and_every_alert_has_a_near_miss(alert_rules: list[dict]) -> None:
     """A rule is told apart from its siblings by its static labels (severity, reason)."""
-    cases = _cases()
+    cases = promtool_cases()
     for rule in alert_rules:
         name, labels = rule["alert"], {k: str(v) for k, v in rule["labels"].items()}
         firing = [alert for case, alert in cases if case["alertname"] == name and alert
