@@ -206,7 +206,7 @@ class ReplayNvml(NvmlSource):
             self._closed.wait(entry["delay_s"])
         if entry.get("hang") is True:
             self._closed.wait()
-            raise NvmlError(UNINITIALIZED, "Uninitialized (replay source closed during a hung call)")
+            raise NvmlError(UNINITIALIZED, "Uninitialized (replay closed during a hung call)")
         return entry
 
     def _call(self, gpu: int, node: dict[str, Any], key: tuple[str, ...]) -> Any:
