@@ -206,7 +206,7 @@ GPM_METRICS = (
     ("NVML_GPM_METRIC_DRAM_BW_UTIL", DRAM_ACTIVE),
 )
 NVLINK_ACTIVE_STATE = 1
-SAMPLER_STUCK_S = 2.0  # instant power older than this means the 20 Hz thread is blocked
+SAMPLER_STUCK_S = 2.0  # no sampler tick for this long (or 3 periods): its NVML read is blocked
 
 
 
@@ -497,7 +497,7 @@ class GpuCollector(Collector):
         if not self.power.running or self.power.last_tick is None:
             return
         age = time.monotonic() - self.power.last_tick
-        if age > SAMPLER_STUCK_S:
+        if age > max(SAMPLER_STUCK_S, 3 * self.power.period):
             ctx.error("power_sampler", f"instant power sampler blocked for {age:.0f}s "
                                        "(an NVML call does not return)")
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from exporter.sources.nvml import (
     DRIVER_NOT_LOADED,
     LIBRARY_NOT_FOUND,
+    LOST_CODES,
     TIMEOUT,
     EventSet,
     Field,
@@ -174,7 +175,8 @@ class RealNvml(NvmlSource):
         try:
             return fn(self._handle(gpu))
         except pynvml.NVMLError as exc:
-            self._handles.pop(gpu, None)  # a lost GPU's handle may be stale after a reset
+            if exc.value in LOST_CODES:  # the handle of a lost GPU may be stale after a reset
+                self._handles.pop(gpu, None)
             _raise(exc)
 
     def device_count(self) -> int:
