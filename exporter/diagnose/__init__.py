@@ -1,0 +1,9 @@
+"""`llmmon diagnose`: the triage decision tree of DESIGN.md §1 walked over live metrics.
+
+`Diagnoser(sampler)` keeps the daemon's window and serves /api/v1/diagnose; `evaluate` walks
+`TREE` over any `View` (a local window, or a Prometheus server with the shipped rules).
+"""
+
+from exporter.diagnose.service import Diagnoser
+
+__all__ = ["Diagnoser"]

@@ -1,0 +1,9 @@
+"""The branches of the decision tree, one module each, in the order an SRE walks them."""
+
+from __future__ import annotations
+
+from exporter.diagnose.branches import hang, memory, network, precision, starvation, thermal
+from exporter.diagnose.tree import BranchSpec
+
+TREE: tuple[BranchSpec, ...] = (precision.BRANCH, memory.BRANCH, starvation.BRANCH,
+                                hang.BRANCH, thermal.BRANCH, network.BRANCH)

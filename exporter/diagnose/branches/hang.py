@@ -1,0 +1,174 @@
+"""Hang: has the job stopped making progress, and what stopped it?
+
+Per process group, the ranks that enqueued the oldest collective the group has not completed
+wait in it; a rank whose last enqueued sequence number is below it never entered it (the
+Flight Recorder rule `llmmon diagnose --ranks` details).  A group is hung when that collective
+has been outstanding for longer than the alert's window, measured from the last progress the
+daemon saw or the collective's own enqueue time, whichever is longer.  Then the causes: a lost
+GPU or a critical XID, RDMA loss and retransmits, ports down or flapping.
+"""
+
+from __future__ import annotations
+
+from exporter.diagnose import describe as d
+from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from exporter.diagnose.thresholds import Thresholds
+from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from exporter.diagnose.view import Sample, View, group, index, key, total
+from exporter.options import parse_duration
+from exporter.ranks_hang import spans_text
+
+GROUP_KEY = ("cluster", "job_id", "pg")
+MEMBER_KEY = ("cluster", "job_id", "rank", "pg")
+LOSS = "node_device_port:llmmon_rdma_loss_events:rate5m"
+PORT_KEY = ("cluster", "node", "device", "port")
+
+
+def _ranks(samples: list[Sample]) -> list[int]:
+    return sorted(int(s.get("rank")) for s in samples if s.get("rank").isdigit())
+
+
+def progress(view: View, t: Thresholds) -> Outcome:
+    enqueued = view.instant("llmmon_nccl_last_enqueued_seq")
+    if not enqueued:
+        return unknown("no rank reports NCCL progress (no ranks in the spool)")
+    completed = index(view.instant("llmmon_nccl_last_completed_seq"), *MEMBER_KEY)
+    noted = group(view.instant("llmmon_nccl_last_progress_timestamp_seconds"), *GROUP_KEY)
+    inflight = group(view.instant("llmmon_nccl_oldest_inflight_age_seconds"), *GROUP_KEY)
+    hung: list[Evidence] = []
+    calm: list[Evidence] = []
+    for where, members in sorted(group(enqueued, *GROUP_KEY).items()):
+        done = [completed[key(m, MEMBER_KEY)].value for m in members
+                if key(m, MEMBER_KEY) in completed]
+        if not done:
+            continue
+        frontier = int(min(done)) + 1
+        waiting = [m for m in members if m.value >= frontier]
+        behind = [m for m in members if m.value < frontier]
+        head = f"job {where[1]}, group {where[2]}"
+        if not waiting:
+            calm.append(d.evidence(members[0], ("job_id", "pg"),
+                                   f"{head}: nothing in flight (last completed #{frontier - 1})"))
+            continue
+        since = max((view.now - s.value for s in noted.get(where, [])), default=0.0)
+        oldest = max((s.value for s in inflight.get(where, [])), default=0.0)
+        stalled = max(since, oldest)
+        text = (f"{head}: ranks {spans_text(_ranks(waiting))} wait in collective #{frontier} for "
+                f"{d.seconds(stalled)}")
+        if stalled <= t.hang_window_seconds:
+            calm.append(d.evidence(members[0], ("job_id", "pg"),
+                                   f"{text} (within the {t.hang_window_seconds:.0f} s window)",
+                                   stalled_seconds=stalled))
+            continue
+        if not behind:
+            text += ("; every reporting rank entered it and none completes: the rank behind is "
+                     "on a node not seen here, or suspect the GPUs and the network")
+        hung.append(d.evidence(members[0], ("job_id", "pg"), text, stalled_seconds=stalled,
+                               seq=frontier))
+        hung += [d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} never enqueued "
+                            f"collective #{frontier} of group {where[2]} (last enqueued "
+                            f"#{m.value:.0f}): it is the rank behind", last_enqueued=m.value)
+                 for m in behind]
+    if hung:
+        return suspect("a process group stopped making progress; dump the Flight Recorder "
+                       "(llmmon diagnose --ranks --dump) before the NCCL watchdog kills the job",
+                       *hung)
+    return ok("every process group makes progress", *calm)
+
+
+def gpu_errors(view: View, t: Thresholds) -> Outcome:
+    up = view.instant("llmmon_gpu_up")
+    if not up:
+        return unknown("no NVML GPUs")
+    found = [d.evidence(s, d.GPU, f"{d.gpu(s)} ({s.get('uuid')}) does not answer NVML (lost, "
+                        "needs a reset or fell off the bus)", up=0.0)
+             for s in up if s.value == 0]
+    window = parse_duration(t.xid_window)
+    counts = index(view.instant("llmmon_gpu_xid_errors_total"), "cluster", "node", "uuid", "xid")
+    critical = {str(x) for x in t.xid_critical}
+    for last in view.instant("llmmon_gpu_xid_last_timestamp_seconds"):
+        age = view.now - last.value
+        if age > window:
+            continue
+        count = counts.get(key(last, ("cluster", "node", "uuid", "xid")))
+        kind = "critical" if last.get("xid") in critical else "non-critical"
+        found.append(d.evidence(last, (*d.GPU, "xid"), f"{d.gpu(last)}: {kind} XID "
+                                f"{last.get('xid')}, last {d.seconds(age)} ago"
+                                f"{f' ({count.value:.0f} in all)' if count else ''}",
+                                age_seconds=age))
+    ecc = view.increase("llmmon_gpu_ecc_errors_total", t.ecc_window, 'severity="uncorrected"')
+    for (gpu, members) in group(ecc or [], "cluster", "node", "uuid").items():
+        grown = max(s.value for s in members)
+        if grown > 0:
+            found.append(d.evidence(members[0], d.GPU, f"{d.gpu(members[0])}: {grown:.0f} new "
+                                    "uncorrectable ECC errors", uncorrected=grown))
+    found += [d.evidence(s, d.GPU, f"{d.gpu(s)}: a memory row remap waits for a GPU reset",
+                         row_remap_pending=1.0)
+              for s in view.instant("llmmon_gpu_row_remap_pending") if s.value == 1]
+    if found:
+        return suspect("a GPU is lost or reports errors; its ranks hang or die", *found)
+    return ok(f"{len(up)} GPUs answer, no XID in the last {t.xid_window}, no new uncorrectable "
+              "errors")
+
+
+def rdma_loss(view: View, t: Thresholds) -> Outcome:
+    if not view.instant("llmmon_rdma_port_info"):
+        return unknown("no RDMA ports")
+    events = view.rule(LOSS)
+    if events is None:
+        return unknown(NEEDS_RATES)
+    rows = []
+    for where, counters in sorted(group(events, *PORT_KEY).items()):
+        rate = total(counters)
+        detail = ", ".join(f"{s.get('counter')} {s.value:.3g}/s" for s in counters if s.value > 0)
+        rows.append((rate, d.evidence(counters[0], d.PORT, f"{d.port(counters[0])}: {rate:.3g} "
+                                      f"loss events/s{f' ({detail})' if detail else ''}",
+                                      loss_events_per_second=rate)))
+    bad = [item for rate, item in rows if rate > t.rdma_loss_events_per_second]
+    if bad:
+        return suspect("RDMA ports lose or retransmit packets: check cables, optics and PFC "
+                       "on the RoCE priority", *bad)
+    return ok(f"no loss or retransmission on {len(rows)} RDMA ports" if rows
+              else "no RDMA loss counters on these ports")
+
+
+def links(view: View, t: Thresholds) -> Outcome:
+    ports = view.instant("llmmon_rdma_port_up", t.rdma_port_selector)
+    if not ports:
+        return unknown("no RDMA ports")
+    found = [d.evidence(s, d.PORT, f"{d.port(s)} is down", up=0.0) for s in ports if s.value == 0]
+    downed = view.increase("llmmon_rdma_link_downed_total", t.link_flap_window)
+    carrier = view.increase("llmmon_netdev_carrier_changes_total", t.link_flap_window)
+    if downed is None or carrier is None:
+        note = " (flaps need two observations)"
+    else:
+        note = ""
+        found += [d.evidence(s, d.PORT, f"{d.port(s)} went down {s.value:.0f} times in the "
+                             "window", link_downed=s.value)
+                  for s in downed if s.value >= t.link_flap_downs]
+        rdma_netdevs = {key(s, ("cluster", "node", "netdev")): s
+                        for s in view.instant("llmmon_rdma_port_info") if s.get("netdev")}
+        for change in carrier:
+            port = rdma_netdevs.get(key(change, ("cluster", "node", "netdev")))
+            if port is not None and change.value >= t.link_flap_carrier_changes:
+                found.append(d.evidence(port, (*d.PORT, "netdev"), f"carrier of "
+                                        f"{change.get('netdev')} ({d.port(port)}) changed "
+                                        f"{change.value:.0f} times in the window",
+                                        carrier_changes=change.value))
+    if found:
+        return suspect("RDMA links are down or flapping; collectives crossing them stall", *found)
+    return ok(f"{len(ports)} RDMA ports up, no flap{note}")
+
+
+BRANCH = BranchSpec(
+    "hang", "Distributed hang", "Has the job stopped making progress, and what stopped it?",
+    (CheckSpec("progress", "Collective progress", progress, ("LLMTrainingHang",),
+               ("hang_window_seconds",)),
+     CheckSpec("gpu_errors", "Lost GPUs and XIDs", gpu_errors,
+               ("GPULost", "GPUXidError", "GPUEccUncorrectable"),
+               ("xid_critical", "xid_window", "ecc_window")),
+     CheckSpec("rdma_loss", "RDMA loss and retransmits", rdma_loss, ("RDMAPacketLoss",),
+               ("rdma_loss_events_per_second",)),
+     CheckSpec("links", "RDMA links", links, ("RDMALinkDown", "RDMALinkFlapping"),
+               ("rdma_port_selector", "link_flap_window", "link_flap_downs",
+                "link_flap_carrier_changes"))))

@@ -1,0 +1,261 @@
+"""Network checklist, for collectives slower than expected: is NCCL on RDMA at all, is each GPU
+near its NIC, is GPUDirect RDMA on, are PFC pauses and ECN marks few, is one rank late, and how
+does the bus bandwidth compare with the reference values of DESIGN.md §1?
+"""
+
+from __future__ import annotations
+
+from exporter.diagnose import describe as d
+from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from exporter.diagnose.thresholds import Thresholds
+from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from exporter.diagnose.view import Sample, View, group, index, key, total
+
+NODE = ("cluster", "node")
+JOB = ("cluster", "job_id")
+PG = ("cluster", "job_id", "pg")
+FAR_PATHS = {"PHB": "through the host bridge", "NODE": "across host bridges of one NUMA node",
+             "SYS": "across CPU sockets"}
+PFC = "node_netdev_priority:llmmon_nic_pfc_pause:ratio_rate1m"
+STRAGGLER = "job_id_rank:llmmon_nccl_straggler_score:ratio"
+BUSBW = "job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m"
+GB = 1e9
+# DESIGN.md §1: bus bandwidth of a 1 GB all-reduce on H100-class GPUs (GB/s, low and high end).
+REFERENCES = {"nvlink": ("NVLink", 380 * GB, 420 * GB),
+              "infiniband": ("8x400G InfiniBand NDR", 320 * GB, 380 * GB),
+              "roce": ("8x400G RoCEv2 after tuning", 280 * GB, 360 * GB)}
+REFERENCE_GPUS = ("H100", "H200", "GH200")
+# The references are for 1 GB messages; below ~128 MiB latency, not bandwidth, bounds busbw.
+MIN_MESSAGE_BYTES = 128 << 20
+
+
+def _per_node(samples: list[Sample]) -> dict[tuple[str, ...], float]:
+    return {k: total(s) for k, s in group(samples, *NODE).items()}
+
+
+def _multi_node_jobs(view: View) -> dict[tuple[str, ...], list[str]]:
+    """(cluster, node) -> jobs with a rank there whose ranks span several nodes."""
+    ranks = view.instant("llmmon_rank_info")
+    spanning = set()
+    for job, members in group(ranks, *JOB).items():
+        world = max((int(s.get("world_size") or 0) for s in members), default=0)
+        if len({s.get("node") for s in members}) > 1 or world > len(members):
+            spanning.add(job)
+    found: dict[tuple[str, ...], list[str]] = {}
+    for sample in ranks:
+        if key(sample, JOB) in spanning:
+            found.setdefault(key(sample, NODE), [])
+            if sample.get("job_id") not in found[key(sample, NODE)]:
+                found[key(sample, NODE)].append(sample.get("job_id"))
+    return found
+
+
+def _traffic(view: View, prefix: str, selector: str = "") -> dict[tuple[str, ...], float] | None:
+    both = [view.rate(f"{prefix}_{way}_bytes_total", "5m", selector)
+            for way in ("transmit", "receive")]
+    if both[0] is None or both[1] is None:
+        return None
+    return _per_node(both[0] + both[1])
+
+
+def rdma_in_use(view: View, t: Thresholds) -> Outcome:
+    rdma = _traffic(view, "llmmon_rdma")
+    tcp = _traffic(view, "llmmon_netdev", t.tcp_netdev_selector)
+    if rdma is None or tcp is None:
+        return unknown(NEEDS_RATES)
+    has_ranks = {key(s, NODE) for s in view.instant("llmmon_rank_info")}
+    has_ports = {key(s, NODE) for s in view.instant("llmmon_rdma_port_info")}
+    spanning = _multi_node_jobs(view)
+    bad, fine = [], []
+    for node in sorted(set(tcp) | set(rdma) | has_ports):
+        moved, sockets = rdma.get(node, 0.0), tcp.get(node, 0.0)
+        place = Sample(dict(zip(NODE, node)), 0.0)
+        jobs = spanning.get(node, [])
+        numbers = {"rdma_bytes_per_second": moved, "tcp_bytes_per_second": sockets}
+        text = (f"node {node[1] or 'here'}: RDMA {d.size(moved, 'B/s')}, TCP "
+                f"{d.size(sockets, 'B/s')}")
+        falling_back = moved < t.rdma_idle_bytes_per_second and \
+            sockets > t.tcp_busy_bytes_per_second
+        if node not in has_ports:
+            if jobs and sockets > t.tcp_busy_bytes_per_second:
+                bad.append(Evidence(d.subject(place), f"{text}; multi-node job(s) "
+                                    f"{', '.join(jobs)} but no RDMA port", numbers))
+            continue
+        if falling_back and (jobs or node not in has_ranks):
+            whose = (f"multi-node job(s) {', '.join(jobs)}" if jobs
+                     else "no rank information: whose traffic is unknown")
+            bad.append(Evidence(d.subject(place), f"{text}; {whose}", numbers))
+        else:
+            fine.append(Evidence(d.subject(place), text, numbers))
+    if bad:
+        return suspect("RDMA idles while TCP is busy: NCCL fell back to sockets (check "
+                       "NCCL_DEBUG=INFO for NET/Socket, NCCL_IB_HCA, the RDMA devices in the pod)",
+                       *bad)
+    if not fine:
+        return unknown("no RDMA ports")
+    return ok("collective traffic is not on TCP", *fine)
+
+
+def gpu_nic_affinity(view: View, t: Thresholds) -> Outcome:
+    nearest = view.instant("llmmon_gpu_nearest_nic_info")
+    if not nearest:
+        return unknown("no GPU-NIC topology (no NVIDIA GPUs or no RDMA devices in sysfs)")
+    far = [d.evidence(s, (*d.GPU, "device", "netdev"), f"{d.gpu(s)}: nearest NIC "
+                      f"{s.get('device')} ({s.get('netdev') or 'no netdev'}) is {s.get('path')}, "
+                      f"{FAR_PATHS[s.get('path')]}")
+           for s in nearest if s.get("path") in FAR_PATHS]
+    if far:
+        return suspect("GPU traffic to its NIC crosses the CPU: place jobs on GPUs with a NIC "
+                       "on their PCIe switch, or check NCCL_IB_HCA's order", *far)
+    paths = ", ".join(f"{p} {len(s)}" for (p,), s in sorted(group(nearest, "path").items()))
+    return ok(f"every GPU has a NIC on its PCIe switch ({paths})")
+
+
+def gpudirect(view: View, t: Thresholds) -> Outcome:
+    flags = view.instant("llmmon_gpudirect_rdma_enabled")
+    if not flags:
+        return unknown("not exported: the node lacks NVIDIA GPUs or RDMA devices")
+    off = [d.evidence(s, (), f"node {s.get('node') or 'here'}: nvidia_peermem is not loaded",
+                      enabled=0.0) for s in flags if s.value == 0]
+    if off:
+        return suspect("GPUDirect RDMA is off: inter-node transfers are staged through host "
+                       "memory (load nvidia_peermem, or use dma-buf)", *off)
+    return ok("GPUDirect RDMA is on (nvidia_peermem loaded)")
+
+
+def pfc_ecn(view: View, t: Thresholds) -> Outcome:
+    if not view.instant("llmmon_nic_info") and not view.instant("llmmon_rdma_port_info"):
+        return unknown("no NIC driver statistics and no RDMA ports")
+    pauses = view.rule(PFC)
+    storms = view.increase("llmmon_nic_pause_storm_events_total", t.pfc_storm_window)
+    handled = view.rate("llmmon_rdma_cnp_handled_total", "5m")
+    marked = view.rate("llmmon_rdma_ecn_marked_packets_total", "5m")
+    if pauses is None or storms is None or handled is None or marked is None:
+        return unknown(NEEDS_RATES)
+    found: list[Evidence] = []
+    for (cluster, node, netdev, direction), members in sorted(
+            group(pauses, *NODE, "netdev", "direction").items()):
+        worst = max(members, key=lambda s: s.value)
+        limit = t.pfc_tx_pause_ratio if direction == "tx" else t.pfc_rx_pause_ratio
+        if worst.value > limit:
+            role = ("it pauses its switch port: the storm's origin" if direction == "tx"
+                    else "the switch pauses it: a victim of congestion downstream")
+            found.append(d.evidence(worst, ("netdev", "priority", "direction"),
+                                    f"{netdev}{d.on_node(worst)} priority {worst.get('priority')}"
+                                    f" paused ({direction}) {d.percent(worst.value)} of the time: "
+                                    f"{role}", pause_ratio=worst.value))
+    found += [d.evidence(s, ("netdev", "severity"), f"{s.get('netdev')}{d.on_node(s)}: "
+                         f"{s.value:.0f} pause-storm {s.get('severity')} events",
+                         storm_events=s.value) for s in storms if s.value > 0]
+    found += [d.evidence(s, d.PORT, f"{d.port(s)}: DCQCN cuts its rate {s.value:.0f} times a "
+                         "second (CNPs handled)", cnp_handled_per_second=s.value)
+              for s in handled if s.value > t.rdma_cnp_per_second]
+    context = _pfc_context(pauses, marked)
+    if found:
+        return suspect("PFC pauses or congestion notifications hold collectives back", *found,
+                       context)
+    return ok("PFC pauses near zero, no pause storm, few congestion notifications", context)
+
+
+def _pfc_context(pauses: list[Sample], marked: list[Sample]) -> Evidence:
+    worst = max((s.value for s in pauses), default=0.0)
+    ecn = total(marked)
+    return Evidence({}, f"largest pause fraction {d.percent(worst)}; ECN-marked RoCE packets "
+                    f"{ecn:.3g}/s over all ports", {"max_pause_ratio": worst,
+                                                    "ecn_marked_per_second": ecn})
+
+
+def straggler(view: View, t: Thresholds) -> Outcome:
+    scores = view.rule(STRAGGLER)
+    lags = view.instant("llmmon_nccl_enqueue_lag_seconds")
+    if not scores and not lags:
+        return unknown("no per-rank collective timings (TORCH_NCCL_ENABLE_TIMING) and no "
+                       "enqueue lag (needs two ranks of a group on a node)")
+    found = [d.evidence(s, d.RANK, f"{d.rank(s)} waits {d.percent(s.value)} less in "
+                        "collectives than its group's median rank: it arrives late",
+                        straggler_score=s.value)
+             for s in scores or [] if s.value > t.straggler_score]
+    worst_lag = {}
+    for rank, members in group(lags, "cluster", "node", "job_id", "rank").items():
+        worst_lag[rank] = max(members, key=lambda s: s.value)
+    found += [d.evidence(s, d.RANK, f"{d.rank(s)} enqueues its collectives "
+                         f"{d.seconds(s.value)} after its node's median rank (group "
+                         f"{s.get('pg')})", enqueue_lag_seconds=s.value)
+              for s in worst_lag.values() if s.value > t.straggler_enqueue_lag_seconds]
+    if found:
+        return suspect("one rank is consistently late and every peer waits for it: look at "
+                       "its GPU (clocks, power) and what it does between collectives", *found)
+    latest = max((s.value for s in worst_lag.values()), default=0.0)
+    return ok(f"no rank is late (largest enqueue lag {d.seconds(latest)})")
+
+
+def _fabric(view: View, where: tuple[str, ...], members: int) -> str | None:
+    """nvlink, infiniband, roce, or None (TCP, or unknown) for a process group."""
+    sizes = [int(s.get("size")) for s in view.instant("llmmon_nccl_pg_info")
+             if key(s, PG) == where and s.get("size").isdigit()]
+    nodes = {s.get("node") for s in view.instant("llmmon_nccl_last_enqueued_seq")
+             if key(s, PG) == where}
+    if len(nodes) <= 1 and (not sizes or max(sizes) <= members):
+        return "nvlink"
+    layers = {s.get("link_layer") for s in view.instant("llmmon_rdma_port_info")}
+    if "InfiniBand" in layers:
+        return "infiniband"
+    return "roce" if "Ethernet" in layers else None
+
+
+def busbw(view: View, t: Thresholds) -> Outcome:
+    values = view.rule(BUSBW)
+    if values is None:
+        return unknown(NEEDS_RATES)
+    if not values:
+        return unknown("no collective durations: timing mode (TORCH_NCCL_ENABLE_TIMING=1) is "
+                       "off, or no collective ran in the window")
+    moved = view.rate("llmmon_nccl_collective_bytes_total", "1m") or []
+    counted = view.rate("llmmon_nccl_collective_duration_seconds_count", "1m") or []
+    message = {k: total(s) for k, s in group(moved, *PG).items()}
+    calls = {k: total(s) for k, s in group(counted, *PG).items()}
+    members = {k: len({s.get("rank") for s in m})
+               for k, m in group(view.instant("llmmon_nccl_last_enqueued_seq"), *PG).items()}
+    models = {s.get("model") for s in view.instant("llmmon_gpu_info")}
+    hopper = any(name in model for model in models for name in REFERENCE_GPUS)
+    bad, fine, other = [], [], []
+    for sample in values:
+        where = key(sample, PG)
+        size = message.get(where, 0.0) / calls[where] if calls.get(where) else 0.0
+        fabric = _fabric(view, where, members.get(where, 1))
+        text = (f"job {sample.get('job_id')}, group {sample.get('pg')}: busbw "
+                f"{d.size(sample.value, 'B/s')} at {d.size(size)} per collective")
+        numbers = {"busbw_bytes_per_second": sample.value, "mean_message_bytes": size}
+        if fabric is None or not hopper or size < MIN_MESSAGE_BYTES:
+            why = ("no RDMA fabric" if fabric is None else
+                   "the references are for H100-class GPUs" if not hopper else
+                   f"messages under {d.size(MIN_MESSAGE_BYTES)}")
+            other.append(d.evidence(sample, ("job_id", "pg"), f"{text} (no reference: {why})",
+                                    **numbers))
+            continue
+        name, low, high = REFERENCES[fabric]
+        item = d.evidence(sample, ("job_id", "pg"), f"{text}; {name} reference "
+                          f"{low / GB:.0f}-{high / GB:.0f} GB/s", reference_low=low, **numbers)
+        (bad if sample.value < low else fine).append(item)
+    if bad:
+        return suspect("collective bus bandwidth is below the reference: walk the checklist "
+                       "above", *bad, *other)
+    if fine:
+        return ok("bus bandwidth meets the reference", *fine, *other)
+    return unknown("no process group to compare with a reference", *other)
+
+
+BRANCH = BranchSpec(
+    "network", "Network checklist", "Why are collectives slower than expected?",
+    (CheckSpec("rdma_in_use", "NCCL on RDMA", rdma_in_use, ("NCCLNotUsingRDMA",),
+               ("rdma_idle_bytes_per_second", "tcp_busy_bytes_per_second",
+                "tcp_netdev_selector")),
+     CheckSpec("gpu_nic_affinity", "GPU-NIC affinity", gpu_nic_affinity,
+               doc="gpu-nic-affinity"),
+     CheckSpec("gpudirect", "GPUDirect RDMA", gpudirect, ("GPUDirectRDMADisabled",)),
+     CheckSpec("pfc_ecn", "PFC pauses and ECN", pfc_ecn, ("RDMAPFCStorm", "RDMACongestion"),
+               ("pfc_storm_window", "pfc_tx_pause_ratio", "pfc_rx_pause_ratio",
+                "rdma_cnp_per_second")),
+     CheckSpec("straggler", "Late rank (fail-slow)", straggler, ("LLMTrainingStraggler",),
+               ("straggler_collectives", "straggler_score", "straggler_enqueue_lag_seconds")),
+     CheckSpec("busbw", "Bus bandwidth vs reference", busbw, doc="bus-bandwidth")))

@@ -1,0 +1,104 @@
+"""`llmmon diagnose`'s decision tree: where the report comes from, and how it is printed.
+
+Without `--prometheus` the report is this node's: the daemon's /api/v1/diagnose when it serves
+one (its window already spans minutes), else two scrapes of its /metrics `--interval` seconds
+apart evaluated here.  With `--prometheus URL` the same checks run over the cluster, on the
+shipped recording rules that server evaluates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import requests
+
+from exporter.diagnose import render
+from exporter.diagnose.branches import TREE
+from exporter.diagnose.model import worst
+from exporter.diagnose.prometheus import PrometheusView
+from exporter.diagnose.service import PATH
+from exporter.diagnose.thresholds import Thresholds, ThresholdsError
+from exporter.diagnose.tree import evaluate
+from exporter.diagnose.view import SourceError
+from exporter.diagnose.window import LocalView, Window
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tree's options; `--url` and `--json` are the command's own."""
+    group = parser.add_argument_group("decision tree")
+    group.add_argument("--prometheus", metavar="URL",
+                       help="Walk the tree over the cluster, from a Prometheus server that "
+                       "scrapes the exporters and loads alerts/rules/.")
+    group.add_argument("--interval", type=float, default=10.0, metavar="SECONDS",
+                       help="Seconds between the two scrapes of /metrics when the daemon "
+                       "serves no /api/v1/diagnose (default: %(default)s).")
+    group.add_argument("--scrape", action="store_true",
+                       help="Scrape /metrics twice and judge here, even if the daemon serves "
+                       "/api/v1/diagnose.")
+    group.add_argument("--alerts-config", metavar="PATH",
+                       help="Thresholds from this alerts/config.yaml (default: the shipped "
+                       "ones; a daemon's report uses the daemon's).")
+    for spec in TREE:
+        group.add_argument(f"--{spec.id}", dest=f"tree_{spec.id}", action="store_true",
+                           help=f"Only this branch of the tree: {spec.question}")
+
+
+def _get(url: str) -> requests.Response:
+    try:
+        return requests.get(url, timeout=10)
+    except requests.RequestException as exc:
+        raise SourceError(f"{url}: {exc}") from None
+
+
+def _scrape(url: str, interval: float, thresholds: Thresholds) -> LocalView:
+    window = Window(span=interval * 2 + 60)
+    for number in range(2):
+        if number:
+            time.sleep(interval)
+        response = _get(f"{url}/metrics")
+        if response.status_code != 200:
+            raise SourceError(f"{url}/metrics: HTTP {response.status_code}")
+        window.add(response.text)
+    return LocalView(window.observations(), "scrape", f"{url}/metrics", thresholds)
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    """The report the arguments ask for, as JSON; SourceError when it cannot be had."""
+    try:
+        thresholds = (Thresholds.load(args.alerts_config) if args.alerts_config
+                      else Thresholds())
+    except ThresholdsError as exc:
+        raise SourceError(str(exc)) from None
+    branches = tuple(s for s in TREE if getattr(args, f"tree_{s.id}")) or TREE
+    if args.prometheus:
+        return evaluate(PrometheusView(args.prometheus), thresholds, branches).as_json()
+    url = args.url.rstrip("/")
+    if not args.scrape and not args.alerts_config:
+        response = _get(f"{url}{PATH}")
+        if response.status_code == 200:
+            whole = response.json()
+            keep = {s.id for s in branches}
+            whole["branches"] = [b for b in whole["branches"] if b["id"] in keep]
+            whole["suspects"] = [s for s in whole["suspects"] if s.split(".")[0] in keep]
+            whole["verdict"] = worst([b["verdict"] for b in whole["branches"]])
+            return whole
+    return evaluate(_scrape(url, args.interval, thresholds), thresholds, branches).as_json()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; 0 when nothing is suspect, 1 when something is, 2 without evidence."""
+    try:
+        result = report(args)
+    except SourceError as exc:
+        print(f"llmmon diagnose: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(result, sys.stdout, indent=1, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render.text(result))
+    return 1 if result["verdict"] == "suspect" else 0

@@ -1,0 +1,73 @@
+"""The daemon side: a ring of the sampler's own snapshots and the report /api/v1/diagnose serves.
+
+Every `interval` seconds a thread parses the exposition the sampler already rendered (never a
+collector, never on the scrape path) into the window; a request evaluates the tree over the
+window, so rates cover the last `span` seconds without a second scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from exporter.diagnose.branches import TREE
+from exporter.diagnose.thresholds import Thresholds
+from exporter.diagnose.tree import evaluate
+from exporter.diagnose.window import LocalView, Window
+from exporter.sampler import Sampler
+
+log = logging.getLogger("llmmon.diagnose")
+PATH = "/api/v1/diagnose"
+
+
+class Diagnoser:
+    def __init__(self, sampler: Sampler, interval: float = 10.0, span: float = 120.0,
+                 thresholds: Thresholds | None = None) -> None:
+        self.sampler = sampler
+        self.interval = interval
+        self.window = Window(span)
+        self.thresholds = thresholds or Thresholds()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def observe(self) -> None:
+        """Add the sampler's current snapshot to the window."""
+        self.window.add(self.sampler.body(openmetrics=False, compressed=False).decode())
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="diagnose", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.observe()
+            except Exception:  # a bad snapshot costs one observation, not the thread
+                log.exception("diagnose: could not parse the exposition")
+            self._stop.wait(self.interval)
+
+    def result(self) -> dict[str, Any]:
+        """The report as JSON; before the first observation, one is taken now."""
+        observations = self.window.observations()
+        if not observations:
+            self.observe()
+            observations = self.window.observations()
+        view = LocalView(observations, "daemon", PATH, self.thresholds)
+        return evaluate(view, self.thresholds, TREE).as_json()
+
+    def mount(self, app: FastAPI) -> None:
+        """Serve `result()` at /api/v1/diagnose (sync: FastAPI runs it off the event loop)."""
+        def endpoint() -> JSONResponse:
+            return JSONResponse(self.result())
+
+        app.add_api_route(PATH, endpoint, methods=["GET"], summary="Walk the triage tree")
