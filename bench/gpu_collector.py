@@ -66,7 +66,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def _cycles(fixture: Path, slow_interval: float, cycles: int) -> tuple[list[float], list[float]]:
     """Wall times of collect() and of rendering what it returned, after the first run."""
-    collector = make_collector(GpuCollector, PROC, fake_nvml=str(fixture),
+    collector = make_collector(GpuCollector, PROC, settings={"nvml.replay": str(fixture)},
                                slow_interval=slow_interval)
     collector.collect(Context())  # discovery and static values, once per GPU
     collecting, rendering = [], []

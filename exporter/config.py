@@ -29,6 +29,10 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("path.procfs", "str", "/proc", "procfs mount point."),
     Option("log.level", "str", "info", "Log level: debug, info, warning or error."),
     Option("log.format", "str", "logfmt", "Log format: logfmt or json."),
+    Option("nvml.replay", "str", "",
+           "Replay NVML from a snapshot file, or a directory of them (one GPU per file, in "
+           "name order), instead of the real library; every collector that names GPUs uses "
+           "it. See docs/gpu.md.", flag="--fake-nvml"),
     Option("sampler.max_staleness", "duration", "60s",
            "How long a failing or hung collector's last good snapshot is still served."),
 )
@@ -116,6 +120,8 @@ def _load_yaml(path: str) -> dict[str, Any]:
 
 
 def _section(data: Any, where: str) -> dict[str, Any]:
+    if data is None:  # a key with nothing under it, as YAML users write while editing
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     return data

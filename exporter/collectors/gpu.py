@@ -300,10 +300,6 @@ class GpuCollector(Collector):
              NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, PEAK_FLOPS, XID_ERRORS, XID_LAST,
              XID_WATCHED, PROCESS_INFO, PROCESS_MEMORY)
     options = (
-        Option("fake_nvml", "str", "",
-               "Replay NVML from a snapshot file, or a directory of them (one GPU per file, in "
-               "name order), instead of the real library. See docs/gpu.md.",
-               flag="--fake-nvml"),
         Option("power_sample_rate", "positive_float", 20.0,
                "Instant power reads per second of every GPU (one thread for all GPUs)."),
         Option("power_busy_fraction", "positive_float", 0.5,
@@ -322,7 +318,7 @@ class GpuCollector(Collector):
 
     def __init__(self, env: Environment, config: dict[str, Any]) -> None:
         super().__init__(env, config)
-        self.source = open_nvml(config["fake_nvml"])
+        self.source = open_nvml(env.settings["nvml.replay"])
         self.power = PowerSampler(self.source, config["power_sample_rate"],
                                   config["power_busy_fraction"], config["power_low_fraction"])
         self.xid = XidWatcher(self.source)

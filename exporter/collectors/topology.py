@@ -76,16 +76,13 @@ class TopologyCollector(Collector):
     options = (
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
-        Option("fake_nvml", "str", "",
-               "Name GPUs from these NVML replay files (as the gpu collector's --fake-nvml) "
-               "instead of the NVML library."),
     )
     interval = 60.0
     timeout = 5.0
 
     def __init__(self, env: Environment, config: dict[str, Any]) -> None:
         super().__init__(env, config)
-        self.nvml = open_nvml(config["fake_nvml"]) if config["nvml"] else None
+        self.nvml = open_nvml(env.settings["nvml.replay"]) if config["nvml"] else None
 
     def close(self) -> None:
         if self.nvml is not None:

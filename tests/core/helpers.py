@@ -14,12 +14,14 @@ from exporter.sources.fs import RootedFS
 
 
 def make_collector(cls: type[Collector], procfs: Path, sysfs: Path | None = None,
-                   **options: object) -> Collector:
-    """The collector with its defaults, overridden by `options`, over the given trees."""
-    settings = build_settings(argparse.Namespace(), [cls])
-    config = dict(settings.collectors[cls.name])
+                   settings: dict[str, object] | None = None, **options: object) -> Collector:
+    """The collector with its defaults, overridden by `options` (its own) and `settings`
+    (global ones such as `nvml.replay`), over the given trees."""
+    defaults = build_settings(argparse.Namespace(), [cls])
+    config = dict(defaults.collectors[cls.name])
     config.update(options)
-    env = Environment(RootedFS(str(sysfs or procfs)), RootedFS(str(procfs)), settings.values)
+    env = Environment(RootedFS(str(sysfs or procfs)), RootedFS(str(procfs)),
+                      {**defaults.values, **(settings or {})})
     return cls(env, config)
 
 

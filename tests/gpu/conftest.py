@@ -40,7 +40,8 @@ def gpu_collector() -> Iterator[Callable[..., GpuCollector]]:
     built: list[GpuCollector] = []
 
     def build(fake: Path | str, **options: object) -> GpuCollector:
-        collector = make_collector(GpuCollector, PROC, fake_nvml=str(fake), **options)
+        collector = make_collector(GpuCollector, PROC, settings={"nvml.replay": str(fake)},
+                                   **options)
         assert isinstance(collector, GpuCollector)
         built.append(collector)
         return collector

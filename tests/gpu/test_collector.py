@@ -204,9 +204,10 @@ def test_no_nvml_is_nothing_to_watch() -> None:
 
 def test_bad_replay_path_is_a_clear_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no such replay file or directory"):
-        make_collector(GpuCollector, PROC, fake_nvml=str(tmp_path / "missing.json"))
+        make_collector(GpuCollector, PROC, settings={"nvml.replay": str(tmp_path / "missing.json")})
     with pytest.raises(ValueError, match="low .* < busy"):
-        make_collector(GpuCollector, PROC, fake_nvml=str(CAPTURE), power_low_fraction=0.6)
+        make_collector(GpuCollector, PROC, settings={"nvml.replay": str(CAPTURE)},
+                       power_low_fraction=0.6)
 
 
 def test_a_broken_rewrite_keeps_the_last_good_answers(gpu_collector, h200x8: Path) -> None:

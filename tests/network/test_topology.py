@@ -17,7 +17,7 @@ from tests.core.helpers import make_collector, run
 
 LAYOUTS = FIXTURES / "topology"
 H200X8 = str(FIXTURES / "nvml" / "h200x8")  # NVML replay of 8 GPUs at the HGX bus ids
-OPTIONS = {"hgx": {"fake_nvml": H200X8}, "misconfigured": {"nvml": False},
+OPTIONS = {"hgx": {"settings": {"nvml.replay": H200X8}}, "misconfigured": {"nvml": False},
            "workstation": {"nvml": False}}
 
 
@@ -62,7 +62,7 @@ def nearest(samples: dict) -> dict[str, tuple[str, str, str]]:
 
 
 def test_hgx_rails_and_gpudirect() -> None:
-    samples, ctx, _ = run(collector(LAYOUTS / "hgx" / "sys", fake_nvml=H200X8))
+    samples, ctx, _ = run(collector(LAYOUTS / "hgx" / "sys", settings={"nvml.replay": H200X8}))
     assert ctx.watched == 64  # 8 GPUs x 8 NICs; the NVSwitches are not GPUs
     # Two GPUs and two NICs per switch: one NIC each, as NCCL spreads them.
     assert {g: d for g, (d, _, p) in nearest(samples).items() if p == "PIX"} == {
@@ -101,7 +101,7 @@ def test_nothing_to_watch_without_gpus_or_nics() -> None:
 
 
 def test_nvml_gpus_missing_from_sysfs_are_reported() -> None:
-    samples, ctx, _ = run(collector(LAYOUTS / "workstation" / "sys", fake_nvml=H200X8))
+    samples, ctx, _ = run(collector(LAYOUTS / "workstation" / "sys", settings={"nvml.replay": H200X8}))
     assert samples == {}
     assert len(ctx.errors) == 8
     assert "is --path.sysfs the host's?" in ctx.errors["0000:18:00.0"]
