@@ -8,6 +8,7 @@ classes; `SCHEMA` changes whenever a field is renamed or removed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -77,7 +78,8 @@ class Report:
     branches: tuple[Branch, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON values (lists, not tuples): what /api/v1/diagnose and --json print."""
+        return json.loads(json.dumps(asdict(self)))
 
 
 def ok(summary: str, *evidence: Evidence) -> Outcome:

@@ -79,8 +79,8 @@ def fragmentation(view: LocalView, _: Thresholds) -> list[Sample]:
 def reserved_share(view: LocalView, _: Thresholds) -> list[Sample]:
     """job_id_rank:llmmon_torch_memory_reserved_per_gpu_memory:ratio: reserved / GPU memory."""
     gpu_of = {key(s, ("job_id", "rank")): s.get("uuid") for s in view.instant("llmmon_rank_info")}
-    sizes = {s.get("uuid"): s.value for s in view.instant("llmmon_gpu_memory_bytes", 'state="total"')
-             if s.value > 0}
+    memory = view.instant("llmmon_gpu_memory_bytes", 'state="total"')
+    sizes = {s.get("uuid"): s.value for s in memory if s.value > 0}
     found = []
     for reserved in view.instant("llmmon_torch_memory_reserved_bytes"):
         rank = key(reserved, ("job_id", "rank"))

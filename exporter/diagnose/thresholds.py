@@ -85,7 +85,7 @@ class Thresholds:
                 continue
             if not isinstance(entry, dict) or "value" not in entry:
                 raise ThresholdsError(f"{path}: {item.name}: expected {{value: ..., why: ...}}")
-            values[item.name] = _coerce(path, item.name, entry["value"], item.default)
+            values[item.name] = _coerce(path, item.name, entry["value"], str(item.type))
         return cls(**values)
 
     def runbook(self, anchor: str) -> str:
@@ -98,12 +98,13 @@ class Thresholds:
         return f"{posixpath.dirname(self.runbook_base_url)}/{page}#{anchor}"
 
 
-def _coerce(path: str, name: str, value: Any, default: Any) -> Any:
-    if isinstance(default, tuple):
+def _coerce(path: str, name: str, value: Any, kind: str) -> Any:
+    """`value` as the field's type (`kind`, the annotation's text)."""
+    if kind.startswith("tuple"):
         if not isinstance(value, list):
             raise ThresholdsError(f"{path}: {name}: expected a list")
         return tuple(value)
-    if isinstance(default, float):
+    if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ThresholdsError(f"{path}: {name}: expected a number, got {value!r}")
         return float(value)

@@ -30,7 +30,7 @@ class CheckSpec:
     id: str
     title: str
     run: Callable[[View, Thresholds], Outcome]
-    alerts: tuple[str, ...] = ()  # shipped alerts on the same condition; the first gives the runbook
+    alerts: tuple[str, ...] = ()  # alerts on the same condition; the first gives the runbook
     thresholds: tuple[str, ...] = ()
     doc: str = ""  # docs/diagnose.md anchor, for checks that no alert covers
 

@@ -61,6 +61,19 @@ class Node:
         self.daemon: Daemon | None = None
         self.diagnoser: Diagnoser | None = None
 
+    def edit_ranks(self, change: Callable[[Any, int], None], kind: str = "state") -> None:
+        """Rewrite every rank's spool file of `kind` (state or entries): change(doc, rank)."""
+        for path in sorted(self.spool.glob("*/rank_*.json")):
+            if (".entries." in path.name) == (kind == "entries"):
+                edit_json(path, lambda doc: change(doc, int(path.name.split(".")[0][5:])))
+
+    def edit_gpu(self, index: int, change: Callable[[Any], None]) -> None:
+        edit_json(self.nvml / f"gpu{index}.json", change)
+
+    def uuid(self, index: int) -> str:
+        doc = json.loads((self.nvml / f"gpu{index}.json").read_text())
+        return str(doc["device0"]["uuid"]["ok"])
+
     def args(self) -> list[str]:
         flags = [f"--path.sysfs={self.sys}", f"--path.procfs={self.proc}",
                  f"--fake-nvml={self.nvml}", f"--ethtool.dumps={self.ethtool}",

@@ -9,7 +9,7 @@ from exporter.diagnose import describe as d
 from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
 from exporter.diagnose.thresholds import Thresholds
 from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import Sample, View, group, index, key, total
+from exporter.diagnose.view import Sample, View, group, key, total
 
 NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")

@@ -103,8 +103,9 @@ def disk_reads(view: View, t: Thresholds) -> Outcome:
         return suspect("a disk cannot keep up with the reads asked of it", *bad, *pressure)
     if not rows:
         return ok("no disk served reads in the window", *pressure)
-    return ok(f"the slowest disk answers reads in {d.seconds(rows[0][1].values['read_latency_seconds'])}",
-              rows[0][1], *pressure)
+    slowest = rows[0][1]
+    return ok(f"the slowest disk answers reads in "
+              f"{d.seconds(slowest.values['read_latency_seconds'])}", slowest, *pressure)
 
 
 def _pressure(view: View) -> tuple[Evidence, ...]:

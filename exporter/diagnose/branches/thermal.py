@@ -85,7 +85,8 @@ def power_peers(view: View, t: Thresholds) -> Outcome:
         middle = median(s.value for s in members)
         for sample in members:
             utilization = busy.get(key(sample, GPU_KEY), 0.0)
-            if sample.value < t.power_peer_ratio * middle and utilization > t.power_busy_utilization:
+            if (sample.value < t.power_peer_ratio * middle
+                    and utilization > t.power_busy_utilization):
                 job = f" of job {sample.get('job_id')}" if sample.get("job_id") else ""
                 found.append(d.evidence(sample, d.GPU, f"{d.gpu(sample)}{job} draws "
                                         f"{sample.value:.0f} W against a median of {middle:.0f} W "

@@ -1,0 +1,69 @@
+"""Hang branch: collective progress per group, lost GPUs, RDMA loss, links down or flapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.diagnose.thresholds import Thresholds
+from tests.diagnose.node import check, subjects, texts
+
+
+def _heal(doc: dict, rank: int) -> None:
+    """Every rank enqueued and completed #16 of group 0: nothing in flight."""
+    doc["status"]["pg_status"]["0"].update(last_enqueued_collective="16",
+                                           last_started_collective="16",
+                                           last_completed_collective="16")
+    doc["inflight"] = None
+
+
+def test_progressing_job_is_ok(node) -> None:
+    healthy = node()
+    healthy.edit_ranks(_heal)
+    report = healthy.start().report()
+    found = check(report, "hang.progress")
+    assert found["verdict"] == "ok"
+    assert "job llama-8b, group 0: nothing in flight (last completed #16)" in texts(found)
+
+
+def test_hang_window_comes_from_the_alerts_config(node, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("hang_window_seconds: {value: 86400000, why: a patient site}\n")
+    job = node().start()
+    job.diagnoser.thresholds = Thresholds.load(str(config))
+    found = check(job.report(), "hang.progress")
+    assert found["verdict"] == "ok"
+    assert found["thresholds"] == {"hang_window_seconds": 86400000.0}
+    assert "(within the 86400000 s window)" in texts(found)
+
+
+def _bump(path: Path, by: int) -> None:
+    path.write_text(f"{int(path.read_text()) + by}\n")
+
+
+def test_rdma_loss_and_flaps(node) -> None:
+    fabric = node().start()
+    ports = fabric.sys / "class" / "infiniband"
+
+    def degrade() -> None:
+        _bump(ports / "mlx5_0" / "ports" / "1" / "hw_counters" / "out_of_sequence", 500)
+        _bump(ports / "mlx5_2" / "ports" / "1" / "counters" / "link_downed", 1)
+
+    report = fabric.report(degrade)
+    loss = check(report, "hang.rdma_loss")
+    assert loss["verdict"] == "suspect"
+    assert [(e["subject"]["device"], e["subject"]["port"]) for e in loss["evidence"]] == \
+        [("mlx5_0", "1")]
+    assert "out_of_sequence" in texts(loss)
+    links = check(report, "hang.links")
+    assert "mlx5_2/1 went down 1 times in the window" in texts(links)
+    assert "mlx5_1/1 is down" in texts(links)
+
+
+def test_lost_gpu(node) -> None:
+    lost = node()
+    lost.edit_gpu(3, lambda doc: doc["device0"].update(
+        power_usage_mw={"nvml_error": "GPU is lost", "code": 15}))
+    found = check(lost.start().report(), "hang.gpu_errors")
+    assert found["verdict"] == "suspect"
+    assert subjects(found, "gpu") == {"3", "5"}
+    assert "GPU 3 (GPU-5f3c2a10-7d41-4e8b-9c62-0a1b2c3d4e53) does not answer NVML" in texts(found)
