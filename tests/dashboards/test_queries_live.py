@@ -1,21 +1,21 @@
 """Every dashboard query runs on a real Prometheus that scrapes real exporters on fixture data.
 
 Two `llmmon serve` processes stand for two nodes of one cluster: node-a reads the main fixture
-trees (sysfs, procfs, the 8-GPU NVML replay, ethtool and netlink dumps, rank spool files) and
-node-b the HGX topology tree. A Debian Prometheus 2.42 on 127.0.0.1 scrapes both every second
-under job "llmmon" (the job the alerts expect), relabels them with `node` and `cluster` the way
-the Kubernetes scrape config does, and evaluates every rule file of alerts/rules/ each second.
+trees (sysfs, procfs, the 8-GPU NVML replay, ethtool and netlink dumps) and runs the 4-rank
+fixture job of the rank spool; node-b reads the HGX topology tree. A Debian Prometheus 2.42 on
+127.0.0.1 scrapes both every second under job "llmmon" (the job the alerts expect), relabels
+them with `node` and `cluster` as deploy/'s scrape configs do, and evaluates every rule file of
+alerts/rules/ every second. procfs and the spool are copies that move forward each second.
 
-Each panel query runs with its variables set to "All" and `$__rate_interval` to 10 s. It must
-succeed and return data, except the queries listed in MAY_BE_EMPTY, which only have to
-succeed. Fixture trees that have not landed yet are skipped by discovery: the test then
-reports the queries they would feed as empty.
+Each panel query runs with its variables at "All" and `$__rate_interval` at 10 s. It must
+succeed and return data, except the queries in MAY_BE_EMPTY, which only have to succeed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import re
 import shutil
 import subprocess
@@ -29,6 +29,8 @@ import pytest
 import requests
 import yaml
 
+from exporter.reporter.spoolfile import write_atomic
+from exporter.reporter.stepstats import StepStats
 from tests.conftest import FIXTURES, ROOT, Server, free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -42,24 +44,25 @@ MAY_BE_EMPTY = {
     ("llmmon-cluster-wall", "Ports in PFC storm"): "lists storming ports only",
     ("llmmon-cluster-wall", "Firing alerts"): "lists firing alerts only",
     ("llmmon-node", "GPU errors", "A"): "llmmon_gpu_xid_errors_total exists after an XID only",
-    ("llmmon-job", "Allocator retries and OOMs", "B"): "OOM counters appear at the first OOM",
-    ("llmmon-triage", "Allocator retries and OOMs", "B"): "OOM counters appear at the first OOM",
     ("llmmon-triage", "GPU errors", "A"): "llmmon_gpu_xid_errors_total exists after an XID only",
 }
-# (flag, fixture, node): the inputs each simulated node reads, where the fixture exists.
+NVML = FIXTURES / "nvml" / "h200x8"
+# (node, flag, fixture): the read-only inputs of each simulated node.
+# node-b, the HGX topology tree, runs without the gpu collector: it replays the same NVML
+# file as node-a only so that the topology collector knows its GPUs' PCI addresses, and two
+# nodes must never export the same GPU uuid (the rules join on uuid).
 NODE_INPUTS = (
-    ("--path.sysfs", FIXTURES / "sys", "node-a"),
-    ("--path.procfs", FIXTURES / "proc", "node-a"),
-    ("--fake-nvml", FIXTURES / "nvml" / "h200x8", "node-a"),
-    ("--ethtool.dumps", FIXTURES / "ethtool", "node-a"),
-    ("--netlink.dump", FIXTURES / "netlink" / "links.json", "node-a"),
-    ("--spool.dir", FIXTURES / "spool", "node-a"),
-    ("--path.sysfs", FIXTURES / "topology" / "hgx" / "sys", "node-b"),
-    ("--path.procfs", FIXTURES / "proc", "node-b"),
-    ("--fake-nvml", FIXTURES / "nvml" / "h200x8", "node-b"),
+    ("node-a", "--path.sysfs", FIXTURES / "sys"),
+    ("node-a", "--fake-nvml", NVML),
+    ("node-a", "--ethtool.dumps", FIXTURES / "ethtool"),
+    ("node-a", "--netlink.dump", FIXTURES / "netlink" / "links.json"),
+    ("node-b", "--path.sysfs", FIXTURES / "topology" / "hgx" / "sys"),
+    ("node-b", "--fake-nvml", NVML),
 )
+NODE_FLAGS = {"node-a": (), "node-b": ("--no-collector.gpu",)}
+SPOOL = FIXTURES / "spool" / "nccl4"  # a 4-rank job, run on node-a
 # Fast cadences so that counters move between the 1 s scrapes.
-FAST = ("--collector.disk.interval=1s",)
+FAST = ("--collector.disk.interval=1s", "--collector.ranks.interval=1s")
 # Per-second increments of /proc/diskstats fields (reads, merged, sectors, ms, writes, ...):
 # 40 reads of 2 ms each, 8 writes, 40 % busy.
 DISK_STEP = (40, 0, 2048, 80, 8, 0, 512, 16, 0, 400, 800)
@@ -75,34 +78,90 @@ def _advance_diskstats(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+class Job:
+    """The fixture job, copied into a work directory, run on node-a's GPUs and kept training.
+
+    The spool and NVML fixtures come from different captures, so each rank's state file gets
+    the uuid of GPU <local_rank> of the NVML replay: the dashboards join ranks to GPUs on uuid
+    (power of the job's GPUs, the peak FLOPs behind MFU). `tick()` is one more second of
+    training, written with the reporter's own code: each rank takes a step (StepStats, with
+    the fixture's tokens and model FLOPs per step) and its Flight Recorder ring moves on by as
+    many records as it holds (same collectives, new record ids).
+    """
+
+    def __init__(self, fixture: Path, spool: Path, nvml: Path) -> None:
+        shutil.copytree(fixture, spool)
+        self.spool = spool
+        uuids = [json.loads(path.read_text())["device0"]["uuid"]["ok"]
+                 for path in sorted(nvml.glob("*.json"))]
+        self.ranks: list[tuple[Path, dict, StepStats, dict]] = []
+        for path in sorted(spool.glob("*/rank_*.json")):
+            document = json.loads(path.read_text(encoding="utf-8"))
+            if document["kind"] != "state":
+                continue
+            document["identity"]["uuid"] = uuids[document["identity"]["local_rank"]]
+            done = document["step"]
+            per_step = {"tokens": done["tokens"] / done["steps"],
+                        "model_flops": done["model_flops"] / done["steps"]}
+            self.ranks.append((path, document, StepStats(), per_step))
+        self.tick()
+
+    def tick(self) -> None:
+        for path, document, stats, per_step in self.ranks:
+            stats.step(loss=2.0, **per_step)
+            document["step"] = stats.snapshot()
+            _write(path, document)
+        for path in self.spool.glob("*/rank_*.entries.json"):
+            document = json.loads(path.read_text(encoding="utf-8"))
+            ids = [entry["record_id"] for entry in document["dump"]["entries"]]
+            for entry in document["dump"]["entries"]:
+                entry["record_id"] += max(ids) - min(ids) + 1
+            _write(path, document)
+
+
+def _write(path: Path, document: dict) -> None:
+    write_atomic(str(path.parent), path.name, json.dumps(document).encode())
+
+
 class Activity(threading.Thread):
     """Moves the copied fixtures forward each second, as a busy node would.
 
-    Static fixtures make every rate() 0, and rules that divide by a rate (read latency per
-    read) are then rightly empty; a node at work is what the dashboards are for.
+    Static fixtures make every rate() 0, and the rules that divide by a rate (read latency,
+    bus bandwidth, the straggler score) are then rightly empty; a node at work is what the
+    dashboards are for.
     """
 
-    def __init__(self, procfs: Path) -> None:
+    def __init__(self, procfs: Path, job: Job) -> None:
         super().__init__(daemon=True)
-        self.procfs = procfs
+        self.procfs, self.job = procfs, job
         self.done = threading.Event()
+        self.error: BaseException | None = None
 
     def run(self) -> None:
-        while not self.done.wait(1.0):
-            _advance_diskstats(self.procfs / "diskstats")
+        try:
+            while not self.done.wait(1.0):
+                _advance_diskstats(self.procfs / "diskstats")
+                self.job.tick()
+        except BaseException as exc:  # reported by the fixture: a frozen node is no test
+            self.error = exc
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.is_alive():
+            self.join(5)
+        if self.error is not None:
+            raise self.error
 
 
-def _node_args(work: Path) -> dict[str, list[str]]:
-    """Flags per node; procfs is copied into `work` because Activity writes to it."""
-    args: dict[str, list[str]] = {}
-    for flag, path, node in NODE_INPUTS:
-        if path == FIXTURES / "proc":
-            path = work / "proc"
-            if not path.exists():
-                shutil.copytree(FIXTURES / "proc", path)
-        if path.exists():
-            args.setdefault(node, [*FAST]).append(f"{flag}={path}")
-    return args
+def _prepare(work: Path) -> tuple[dict[str, list[str]], Activity]:
+    """Flags per node, and the Activity that keeps the copied procfs and spool moving."""
+    shutil.copytree(FIXTURES / "proc", work / "proc")
+    args = {node: [*FAST, *flags, f"--path.procfs={work / 'proc'}"]
+            for node, flags in NODE_FLAGS.items()}
+    for node, flag, path in NODE_INPUTS:
+        args[node].append(f"{flag}={path}")
+    args["node-a"].append(f"--spool.dir={work / 'spool'}")
+    return args, Activity(work / "proc", Job(SPOOL, work / "spool", NVML))
 
 
 def _prometheus_config(targets: dict[str, str]) -> dict:
@@ -139,10 +198,9 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """Exporters for the discovered nodes, a Prometheus scraping them, moving fixtures."""
+    """Both nodes' exporters, a Prometheus scraping them, and their inputs moving."""
     tmp = tmp_path_factory.mktemp("live")
-    nodes = _node_args(tmp)
-    activity = Activity(tmp / "proc")
+    nodes, activity = _prepare(tmp)
     servers: list[Server] = []
     process = None
     try:
@@ -169,7 +227,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             time.sleep(0.2)
         yield Live(url, time.monotonic() + DATA_TIMEOUT)
     finally:
-        activity.done.set()
         if process is not None:
             process.terminate()
             try:
@@ -179,6 +236,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 process.wait(5)
         for server in servers:
             server.stop()
+        activity.stop()
 
 
 def _ready(url: str) -> bool:
