@@ -34,6 +34,7 @@ class Outcome:
     verdict: Verdict
     summary: str
     evidence: tuple[Evidence, ...] = ()
+    alert: str = ""  # of the check's alerts, the one whose condition was found (its runbook)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,8 @@ def ok(summary: str, *evidence: Evidence) -> Outcome:
     return Outcome("ok", summary, evidence)
 
 
-def suspect(summary: str, *evidence: Evidence) -> Outcome:
-    return Outcome("suspect", summary, evidence)
+def suspect(summary: str, *evidence: Evidence, alert: str = "") -> Outcome:
+    return Outcome("suspect", summary, evidence, alert)
 
 
 def unknown(summary: str, *evidence: Evidence) -> Outcome:

@@ -34,9 +34,12 @@ class CheckSpec:
     thresholds: tuple[str, ...] = ()
     doc: str = ""  # docs/diagnose.md anchor, for checks that no alert covers
 
-    def runbook(self, thresholds: Thresholds) -> str:
-        return (thresholds.runbook(self.alerts[0]) if self.alerts
-                else thresholds.doc("diagnose.md", self.doc))
+    def runbook(self, thresholds: Thresholds, alert: str = "") -> str:
+        """The runbook of `alert` (one of this check's), else of its first alert, else the
+        check's section of docs/diagnose.md."""
+        if alert or self.alerts:
+            return thresholds.runbook(alert or self.alerts[0])
+        return thresholds.doc("diagnose.md", self.doc)
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ def _check(spec: CheckSpec, view: View, thresholds: Thresholds) -> Check:
     except Exception as exc:  # a check's bug or odd data must not hide the other verdicts
         log.exception("check %s failed", spec.id)
         outcome = unknown(f"check failed: {type(exc).__name__}: {exc}")
+    assert not outcome.alert or outcome.alert in spec.alerts, (spec.id, outcome.alert)
     return Check(spec.id, spec.title, outcome.verdict, outcome.summary, spec.alerts,
-                 spec.runbook(thresholds),
+                 spec.runbook(thresholds, outcome.alert),
                  {name: getattr(thresholds, name) for name in spec.thresholds},
                  outcome.evidence)
 

@@ -66,4 +66,5 @@ def test_lost_gpu(node) -> None:
     found = check(lost.start().report(), "hang.gpu_errors")
     assert found["verdict"] == "suspect"
     assert subjects(found, "gpu") == {"3", "5"}
+    assert found["runbook"].endswith("#gpulost")  # the finding's own alert
     assert "GPU 3 (GPU-5f3c2a10-7d41-4e8b-9c62-0a1b2c3d4e53) does not answer NVML" in texts(found)

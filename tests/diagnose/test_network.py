@@ -72,6 +72,7 @@ def test_pause_storm(node) -> None:
     assert "ens1f0np0 priority 3 paused (tx)" in texts(found)
     assert "ens1f0np0: 1 pause-storm error events" in texts(found)
     assert found["alerts"] == ["RDMAPFCStorm", "RDMACongestion"]
+    assert found["runbook"].endswith("#rdmapfcstorm")
 
 
 def _timed_allreduces(doc: dict, rank: int) -> None:

@@ -36,6 +36,7 @@ def test_shipped_node(node) -> None:
     errors = check(report, "hang.gpu_errors")
     assert errors["verdict"] == "suspect" and subjects(errors, "gpu") == {"5"}
     assert "critical XID 48" in texts(errors) and "row remap" in texts(errors)
+    assert errors["runbook"].endswith("#gpuxiderror")
 
     links = check(report, "hang.links")
     assert links["verdict"] == "suspect"

@@ -83,6 +83,7 @@ def gpu_errors(view: View, t: Thresholds) -> Outcome:
     found = [d.evidence(s, d.GPU, f"{d.gpu(s)} ({s.get('uuid')}) does not answer NVML (lost, "
                         "needs a reset or fell off the bus)", up=0.0)
              for s in up if s.value == 0]
+    alert = "GPULost" if found else ""
     window = parse_duration(t.xid_window)
     counts = index(view.instant("llmmon_gpu_xid_errors_total"), "cluster", "node", "uuid", "xid")
     critical = {str(x) for x in t.xid_critical}
@@ -96,6 +97,7 @@ def gpu_errors(view: View, t: Thresholds) -> Outcome:
                                 f"{last.get('xid')}, last {d.seconds(age)} ago"
                                 f"{f' ({count.value:.0f} in all)' if count else ''}",
                                 age_seconds=age))
+    alert = alert or ("GPUXidError" if found else "")
     ecc = view.increase("llmmon_gpu_ecc_errors_total", t.ecc_window, 'severity="uncorrected"')
     for (gpu, members) in group(ecc or [], "cluster", "node", "uuid").items():
         grown = max(s.value for s in members)
@@ -106,7 +108,8 @@ def gpu_errors(view: View, t: Thresholds) -> Outcome:
                          row_remap_pending=1.0)
               for s in view.instant("llmmon_gpu_row_remap_pending") if s.value == 1]
     if found:
-        return suspect("a GPU is lost or reports errors; its ranks hang or die", *found)
+        return suspect("a GPU is lost or reports errors; its ranks hang or die", *found,
+                       alert=alert or "GPUEccUncorrectable")
     return ok(f"{len(up)} GPUs answer, no XID in the last {t.xid_window}, no new uncorrectable "
               "errors")
 
@@ -137,6 +140,7 @@ def links(view: View, t: Thresholds) -> Outcome:
     if not ports:
         return unknown("no RDMA ports")
     found = [d.evidence(s, d.PORT, f"{d.port(s)} is down", up=0.0) for s in ports if s.value == 0]
+    alert = "RDMALinkDown" if found else "RDMALinkFlapping"
     downed = view.increase("llmmon_rdma_link_downed_total", t.link_flap_window)
     carrier = view.increase("llmmon_netdev_carrier_changes_total", t.link_flap_window)
     if downed is None or carrier is None:
@@ -156,7 +160,8 @@ def links(view: View, t: Thresholds) -> Outcome:
                                         f"{change.value:.0f} times in the window",
                                         carrier_changes=change.value))
     if found:
-        return suspect("RDMA links are down or flapping; collectives crossing them stall", *found)
+        return suspect("RDMA links are down or flapping; collectives crossing them stall", *found,
+                       alert=alert)
     return ok(f"{len(ports)} RDMA ports up, no flap{note}")
 
 

@@ -56,7 +56,7 @@ def reserved_capacity(view: View, t: Thresholds) -> Outcome:
     if not shares:
         return unknown(NO_ALLOCATOR + " or their GPUs are unknown")
     found = [d.evidence(s, (*d.RANK, "uuid"), f"{d.rank(s)}: PyTorch reserves "
-                        f"{d.percent(s.value)} of GPU {s.get('uuid')}", reserved_share=s.value)
+                        f"{d.percent(s.value)} of {s.get('uuid')}", reserved_share=s.value)
              for s in sorted(shares, key=lambda s: -s.value)]
     if shares and max(s.value for s in shares) > t.oom_risk_reserved_ratio:
         return suspect("reserved memory is at the card's capacity: the next larger peak fails",

@@ -151,9 +151,10 @@ def pfc_ecn(view: View, t: Thresholds) -> Outcome:
                          "second (CNPs handled)", cnp_handled_per_second=s.value)
               for s in handled if s.value > t.rdma_cnp_per_second]
     context = _pfc_context(pauses, marked)
+    storm = any(e.subject.get("direction") == "tx" or "severity" in e.subject for e in found)
     if found:
         return suspect("PFC pauses or congestion notifications hold collectives back", *found,
-                       context)
+                       context, alert="RDMAPFCStorm" if storm else "RDMACongestion")
     return ok("PFC pauses near zero, no pause storm, few congestion notifications", context)
 
 

@@ -67,14 +67,21 @@ def mfu(view: View, t: Thresholds) -> Outcome:
                        "with a known peak")
     steps = {k: total(s) for k, s in group(view.rate("llmmon_training_steps_total", "5m") or [],
                                            "cluster", "job_id").items()}
-    found = [(s.value < t.mfu_low and steps.get(key(s, ("cluster", "job_id")), 0) > 0,
-              d.evidence(s, ("job_id",), f"job {s.get('job_id')}: MFU {d.percent(s.value)}",
-                         mfu=s.value)) for s in values]
-    bad = [item for low, item in found if low]
-    if bad:
+    low, fine, idle = [], [], []
+    for sample in values:
+        text = f"job {sample.get('job_id')}: MFU {d.percent(sample.value)}"
+        if steps.get(key(sample, ("cluster", "job_id")), 0) <= 0:
+            idle.append(d.evidence(sample, ("job_id",), f"{text}, no step in the window "
+                                   "(not judged)", mfu=sample.value))
+        else:
+            (low if sample.value < t.mfu_low else fine).append(
+                d.evidence(sample, ("job_id",), text, mfu=sample.value))
+    if low:
         return suspect("the job uses its GPUs' compute poorly while making progress; walk the "
-                       "tree: power dips, one card low, a late rank, collective bandwidth", *bad)
-    return ok("model FLOPs utilisation is above the failing line", *(i for _, i in found))
+                       "tree: power dips, one card low, a late rank, collective bandwidth", *low)
+    if fine:
+        return ok("model FLOPs utilisation is above the failing line", *fine, *idle)
+    return unknown("no job made a step in the window", *idle)
 
 
 def disk_reads(view: View, t: Thresholds) -> Outcome:

@@ -1,0 +1,105 @@
+"""The daemon side: /api/v1/diagnose on the daemon's own FastAPI app, the observation thread and
+its bounded window, and the window's counter arithmetic on real expositions."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.testclient import TestClient
+
+from exporter.diagnose.model import SCHEMA, Report
+from exporter.diagnose.schema import ADAPTER
+from exporter.diagnose.thresholds import Thresholds
+from exporter.diagnose.window import LocalView, Window
+from tests.conftest import GOLDEN
+from tests.diagnose.node import check
+
+
+def _valid(document: dict) -> None:
+    """The document is exactly a Report: every field present, typed, and nothing else."""
+    report: Report = ADAPTER.validate_python(document)
+    assert report.as_json() == document
+    assert document["schema"] == SCHEMA
+
+
+def test_endpoint_serves_the_report(node) -> None:
+    started = node().start()
+    diagnoser = started.diagnoser
+    diagnoser.mount(started.daemon.app)
+    started.observe()
+    time.sleep(1.0)
+    started.observe()
+    served = TestClient(started.daemon.app).get("/api/v1/diagnose")
+    assert served.status_code == 200 and served.headers["content-type"] == "application/json"
+    document = served.json()
+    _valid(document)
+    assert document["source"] == {"kind": "daemon", "url": "/api/v1/diagnose", "scope": "node",
+                                  "observations": 2,
+                                  "window_seconds": document["source"]["window_seconds"]}
+    assert document["source"]["window_seconds"] >= 1.0
+    assert check(document, "hang.progress")["verdict"] == "suspect"
+    here = diagnoser.result()
+    assert [b["verdict"] for b in here["branches"]] == \
+        [b["verdict"] for b in document["branches"]]
+
+
+def test_first_request_observes_once(node) -> None:
+    started = node().start()
+    document = started.diagnoser.result()
+    _valid(document)
+    assert document["source"]["observations"] == 1
+    assert check(document, "hang.rdma_loss")["summary"].startswith("needs two observations")
+
+
+def test_thread_keeps_a_bounded_window(node) -> None:
+    started = node().start()
+    diagnoser = started.diagnoser
+    diagnoser.interval, diagnoser.window.span = 0.05, 1.0
+    began = time.time()
+    diagnoser.start()
+    try:
+        time.sleep(3.0)
+        observations = diagnoser.window.observations()
+    finally:
+        diagnoser.stop()
+    assert not diagnoser._thread.is_alive()
+    assert len(observations) >= 2
+    assert observations[0].time > began + 1.0  # the first ones were dropped
+    assert observations[-1].time - observations[0].time <= 1.0
+
+
+def _rdma(value: int) -> str:
+    """The golden RDMA exposition with mlx5_0/1's out_of_sequence counter set to `value`."""
+    lines = []
+    for line in (GOLDEN / "rdma.prom").read_text().splitlines():
+        if line.startswith('llmmon_rdma_out_of_sequence_total{device="mlx5_0",port="1"}'):
+            line = f"{line.rsplit(' ', 1)[0]} {value}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_window_rates_handle_counter_resets() -> None:
+    window = Window(span=60)
+    window.add(_rdma(1000), at=100.0)
+    view = LocalView(window.observations(), "scrape", "", Thresholds())
+    assert view.rate("llmmon_rdma_out_of_sequence_total", "5m") is None
+    window.add(_rdma(1100), at=110.0)
+    window.add(_rdma(40), at=120.0)  # the 32-bit hw counter wrapped (or the driver reloaded)
+    view = LocalView(window.observations(), "scrape", "", Thresholds())
+    rates = {(s.get("device"), s.get("port")): s.value
+             for s in view.rate("llmmon_rdma_out_of_sequence_total", "5m")}
+    assert rates[("mlx5_0", "1")] == (100 + 40) / 20
+    increases = view.increase("llmmon_rdma_out_of_sequence_total", "5m",
+                              'device="mlx5_0",port="1"')
+    assert [s.value for s in increases] == [140]
+    assert view.window_seconds == 20 and view.observations == 3
+
+
+def test_window_forgets_old_observations_and_unread_families() -> None:
+    window = Window(span=30)
+    for at in (0.0, 10.0, 20.0, 30.0, 40.0):
+        window.add(_rdma(int(at)) + "other_exporter_metric 1\n", at=at)
+    kept = window.observations()
+    assert [o.time for o in kept] == [10.0, 20.0, 30.0, 40.0]
+    assert "other_exporter_metric" not in kept[-1].snapshot
+    assert "llmmon_rdma_port_info" in kept[-1].snapshot
