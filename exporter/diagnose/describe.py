@@ -19,6 +19,10 @@ def on_node(sample: Sample) -> str:
     return f" on node {node}" if node else ""
 
 
+def node(sample: Sample) -> str:
+    return f"node {sample.get('node')}" if sample.get("node") else "this node"
+
+
 def gpu(sample: Sample) -> str:
     return f"GPU {sample.get('gpu') or '?'}{on_node(sample)}"
 

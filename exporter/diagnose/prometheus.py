@@ -30,8 +30,14 @@ class PrometheusView:
         self.window_seconds = 300.0  # the longest range the checks ask for (5m)
         self._timeout = timeout
         self._http = session or requests.Session()
+        self._answers: dict[str, list[Sample]] = {}  # one moment: each expression asked once
 
     def query(self, expr: str) -> list[Sample]:
+        if expr not in self._answers:
+            self._answers[expr] = self._ask(expr)
+        return self._answers[expr]
+
+    def _ask(self, expr: str) -> list[Sample]:
         try:
             response = self._http.get(f"{self.url}/api/v1/query", timeout=self._timeout,
                                       params={"query": expr, "time": f"{self.now:.3f}"})

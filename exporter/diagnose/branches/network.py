@@ -69,24 +69,23 @@ def rdma_in_use(view: View, t: Thresholds) -> Outcome:
     bad, fine = [], []
     for node in sorted(set(tcp) | set(rdma) | has_ports):
         moved, sockets = rdma.get(node, 0.0), tcp.get(node, 0.0)
-        place = Sample(dict(zip(NODE, node)), 0.0)
+        here = Sample(dict(zip(NODE, node)), 0.0)
         jobs = spanning.get(node, [])
         numbers = {"rdma_bytes_per_second": moved, "tcp_bytes_per_second": sockets}
-        text = (f"node {node[1] or 'here'}: RDMA {d.size(moved, 'B/s')}, TCP "
-                f"{d.size(sockets, 'B/s')}")
+        text = f"{d.node(here)}: RDMA {d.size(moved, 'B/s')}, TCP {d.size(sockets, 'B/s')}"
         falling_back = moved < t.rdma_idle_bytes_per_second and \
             sockets > t.tcp_busy_bytes_per_second
         if node not in has_ports:
             if jobs and sockets > t.tcp_busy_bytes_per_second:
-                bad.append(Evidence(d.subject(place), f"{text}; multi-node job(s) "
+                bad.append(Evidence(d.subject(here), f"{text}; multi-node job(s) "
                                     f"{', '.join(jobs)} but no RDMA port", numbers))
             continue
         if falling_back and (jobs or node not in has_ranks):
             whose = (f"multi-node job(s) {', '.join(jobs)}" if jobs
                      else "no rank information: whose traffic is unknown")
-            bad.append(Evidence(d.subject(place), f"{text}; {whose}", numbers))
+            bad.append(Evidence(d.subject(here), f"{text}; {whose}", numbers))
         else:
-            fine.append(Evidence(d.subject(place), text, numbers))
+            fine.append(Evidence(d.subject(here), text, numbers))
     if bad:
         return suspect("RDMA idles while TCP is busy: NCCL fell back to sockets (check "
                        "NCCL_DEBUG=INFO for NET/Socket, NCCL_IB_HCA, the RDMA devices in the pod)",
@@ -115,7 +114,7 @@ def gpudirect(view: View, t: Thresholds) -> Outcome:
     flags = view.instant("llmmon_gpudirect_rdma_enabled")
     if not flags:
         return unknown("not exported: the node lacks NVIDIA GPUs or RDMA devices")
-    off = [d.evidence(s, (), f"node {s.get('node') or 'here'}: nvidia_peermem is not loaded",
+    off = [d.evidence(s, (), f"{d.node(s)}: nvidia_peermem is not loaded",
                       enabled=0.0) for s in flags if s.value == 0]
     if off:
         return suspect("GPUDirect RDMA is off: inter-node transfers are staged through host "
@@ -190,18 +189,20 @@ def straggler(view: View, t: Thresholds) -> Outcome:
     return ok(f"no rank is late (largest enqueue lag {d.seconds(latest)})")
 
 
-def _fabric(view: View, where: tuple[str, ...], members: int) -> str | None:
-    """nvlink, infiniband, roce, or None (TCP, or unknown) for a process group."""
-    sizes = [int(s.get("size")) for s in view.instant("llmmon_nccl_pg_info")
-             if key(s, PG) == where and s.get("size").isdigit()]
-    nodes = {s.get("node") for s in view.instant("llmmon_nccl_last_enqueued_seq")
-             if key(s, PG) == where}
-    if len(nodes) <= 1 and (not sizes or max(sizes) <= members):
-        return "nvlink"
+def _fabrics(view: View) -> dict[tuple[str, ...], str | None]:
+    """(cluster, job_id, pg) -> nvlink (every rank on one node), infiniband or roce (the
+    group spans nodes; by the RDMA ports' link layer), or None (no RDMA port: TCP)."""
+    sizes = {key(s, PG): int(s.get("size")) for s in view.instant("llmmon_nccl_pg_info")
+             if s.get("size").isdigit()}
     layers = {s.get("link_layer") for s in view.instant("llmmon_rdma_port_info")}
-    if "InfiniBand" in layers:
-        return "infiniband"
-    return "roce" if "Ethernet" in layers else None
+    across = "infiniband" if "InfiniBand" in layers else "roce" if "Ethernet" in layers else None
+    found = {}
+    for where, members in group(view.instant("llmmon_nccl_last_enqueued_seq"), *PG).items():
+        ranks = {s.get("rank") for s in members}
+        nodes = {s.get("node") for s in members}
+        local = len(nodes) <= 1 and sizes.get(where, len(ranks)) <= len(ranks)
+        found[where] = "nvlink" if local else across
+    return found
 
 
 def busbw(view: View, t: Thresholds) -> Outcome:
@@ -215,15 +216,14 @@ def busbw(view: View, t: Thresholds) -> Outcome:
     counted = view.rate("llmmon_nccl_collective_duration_seconds_count", "1m") or []
     message = {k: total(s) for k, s in group(moved, *PG).items()}
     calls = {k: total(s) for k, s in group(counted, *PG).items()}
-    members = {k: len({s.get("rank") for s in m})
-               for k, m in group(view.instant("llmmon_nccl_last_enqueued_seq"), *PG).items()}
+    fabrics = _fabrics(view)
     models = {s.get("model") for s in view.instant("llmmon_gpu_info")}
     hopper = any(name in model for model in models for name in REFERENCE_GPUS)
     bad, fine, other = [], [], []
     for sample in values:
         where = key(sample, PG)
         size = message.get(where, 0.0) / calls[where] if calls.get(where) else 0.0
-        fabric = _fabric(view, where, members.get(where, 1))
+        fabric = fabrics.get(where)
         text = (f"job {sample.get('job_id')}, group {sample.get('pg')}: busbw "
                 f"{d.size(sample.value, 'B/s')} at {d.size(size)} per collective")
         numbers = {"busbw_bytes_per_second": sample.value, "mean_message_bytes": size}
