@@ -1,0 +1,32 @@
+"""The replay of a snapshot taken on a real H200 (bench/h200/gpu_check.sh, 2026-11-30) must
+export what the exporter exported live on that card, for every value that does not move."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import Context
+from exporter.sampler import render
+from tests.conftest import FIXTURES
+
+LIVE = FIXTURES / "nvml" / "h200_live"
+STATIC = {"llmmon_gpu_info", "llmmon_gpu_up", "llmmon_gpu_power_limit_watts",
+          "llmmon_gpu_power_limit_bound_watts", "llmmon_gpu_clock_max_hertz",
+          "llmmon_gpu_temperature_threshold_celsius", "llmmon_gpu_peak_flops",
+          "llmmon_gpu_pcie_link_max_generation", "llmmon_gpu_pcie_link_max_width",
+          "llmmon_gpu_remapped_rows", "llmmon_gpu_row_remap_pending",
+          "llmmon_gpu_recovery_action"}
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name in STATIC}
+
+
+def test_replayed_live_snapshot_matches_the_live_scrape(gpu_collector) -> None:
+    live = samples((LIVE / "scrape.prom").read_text())
+    assert len(live) >= 15
+    collector = gpu_collector(LIVE / "gpu00.json")
+    replayed = samples(render(collector.collect(Context()))[0].decode())
+    assert replayed == live
