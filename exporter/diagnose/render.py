@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from exporter.diagnose.branches import TREE
+
+NUMBER = {branch.id: number for number, branch in enumerate(TREE, 1)}  # the tree's order
 MARK = {"ok": "ok", "suspect": "SUSPECT", "unknown": "no data"}
 
 
@@ -23,8 +26,8 @@ def text(report: dict[str, Any]) -> str:
     if report["suspects"]:
         head += ": " + ", ".join(report["suspects"])
     lines = [f"llmmon diagnose {stamp}: {head}", f"source: {_source(report['source'])}", ""]
-    for number, branch in enumerate(report["branches"], 1):
-        lines.append(f"{number}. {branch['title']} [{MARK[branch['verdict']]}] "
+    for branch in report["branches"]:
+        lines.append(f"{NUMBER[branch['id']]}. {branch['title']} [{MARK[branch['verdict']]}] "
                      f"{branch['question']}")
         for check in branch["checks"]:
             lines.append(f"   {MARK[check['verdict']]:<8} {check['title']}: {check['summary']}")
