@@ -1,0 +1,120 @@
+"""Rank spool files, written exactly as the in-process reporter writes them.
+
+The documents are the reporter's (schema, `identity`, `reporter`, `pgs`, `memory` under
+torch's own `memory_stats()` keys, `step`), the Flight Recorder blobs are shaped like torch's
+JSON dumps (`pg_config`, `pg_status`, `entries`), and the bytes go through the reporter's own
+`spoolfile.compose` and `write_atomic` into the paths `layout` derives, so the daemon cannot
+tell a simulated rank from a real one.  The state file is rewritten every tick (the reporter's
+1 s status cadence), the entries file every `entries_interval`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from exporter.reporter import layout, spoolfile
+from exporter.reporter.flight import GENERIC_API, ranges
+from exporter.reporter.stepstats import STEP_BUCKETS
+from exporter.simulate.job import Job, Rank
+
+FR_VERSION = "2.10"
+NCCL_VERSION = "2.28.9"
+GPU_NAME = "NVIDIA H200"
+ALLOCATOR_CONFIG = "expandable_segments:False"
+
+
+def pod_name(job: Job, node: str) -> str:
+    return f"{job.job_id}-{node}"
+
+
+def identity(job: Job, rank: Rank, node: str) -> dict[str, Any]:
+    return {"job_id": job.job_id, "rank": rank.rank, "local_rank": rank.local_rank,
+            "world_size": job.world_size, "pod": pod_name(job, node), "namespace": "training",
+            "pid": rank.pid, "uuid": rank.uuid, "gpu_name": GPU_NAME,
+            "allocator_config": ALLOCATOR_CONFIG}
+
+
+def _flight(job: Job, rank: Rank, entries: list[dict[str, Any]] | None) -> bytes:
+    members = list(range(job.world_size))
+    dump: dict[str, Any] = {
+        "version": FR_VERSION, "comm_lib_version": NCCL_VERSION,
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(members)}},
+        "pg_status": {"0": {"last_enqueued_collective": rank.enqueued,
+                            "last_started_collective": rank.started,
+                            "last_completed_collective": rank.completed}}}
+    if entries is not None:
+        dump["entries"] = entries
+    return json.dumps(dump, separators=(",", ":")).encode()
+
+
+def _memory(rank: Rank) -> dict[str, int]:
+    reserved, allocated, split = rank.memory
+    values = {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": reserved * 0.95,
+              "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved,
+              "active_bytes.all.current": allocated + split * 0.05,
+              "inactive_split_bytes.all.current": split,
+              "num_alloc_retries": rank.retries, "num_ooms": rank.ooms}
+    return {key: int(values[key]) for key in layout.MEMORY_KEYS}
+
+
+def _step(rank: Rank) -> dict[str, Any] | None:
+    if not rank.steps:
+        return None
+    return {"steps": rank.steps, "tokens": rank.tokens, "model_flops": rank.flops,
+            "loss_nonfinite": rank.nonfinite,
+            "seconds": {"buckets": list(STEP_BUCKETS), "counts": list(rank.step_counts),
+                        "sum": rank.step_seconds}}
+
+
+def state_document(job: Job, rank: Rank, node: str, started_ns: int, ticks: int) -> bytes:
+    header = {
+        "schema": layout.SCHEMA, "kind": "state", "written_ns": time.time_ns(),
+        "identity": identity(job, rank, node),
+        "reporter": {"started_ns": started_ns, "ticks": ticks, "errors_total": 0,
+                     "last_error": "", "disabled": False, "disabled_reason": "",
+                     "fr_api": GENERIC_API,
+                     "cadence": {"status": 1.0, "inflight": 5.0, "entries": 20.0}},
+        "pgs": {"0": {"desc": "default_pg", "size": job.world_size,
+                      "ranks": ranges(list(range(job.world_size)))}},
+        "memory": _memory(rank),
+        "step": _step(rank),
+    }
+    inflight = _flight(job, rank, [rank.pending]) if rank.pending else None
+    return spoolfile.compose(header, {"status": _flight(job, rank, None), "inflight": inflight})
+
+
+def entries_document(job: Job, rank: Rank) -> bytes:
+    header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": time.time_ns(),
+              "identity": {"job_id": job.job_id, "rank": rank.rank, "pid": rank.pid}}
+    entries = list(rank.ring) + ([rank.pending] if rank.pending else [])
+    return spoolfile.compose(header, {"dump": _flight(job, rank, entries)})
+
+
+class SpoolWriter:
+    """Writes the state and entries files of the ranks of one node."""
+
+    def __init__(self, root: str, node: str, entries_interval: float) -> None:
+        self.root = root
+        self.node = node
+        self.entries_interval = entries_interval
+        self._next_entries: dict[tuple[str, int, int], float] = {}
+        self._started_ns: dict[tuple[str, int, int], int] = {}
+        self._ticks: dict[tuple[str, int, int], int] = {}
+
+    def write(self, job: Job, ranks: list[Rank], now: float) -> None:
+        directory = layout.job_dir(self.root, job.job_id)
+        for rank in ranks:
+            key = (job.job_id, rank.rank, rank.pid)
+            started = self._started_ns.setdefault(key, time.time_ns())
+            ticks = self._ticks[key] = self._ticks.get(key, 0) + 1
+            os.makedirs(directory, exist_ok=True)  # the daemon removes it with the last rank
+            if now >= self._next_entries.get(key, 0.0):
+                spoolfile.write_atomic(directory, layout.entries_name(rank.rank, rank.pid),
+                                       entries_document(job, rank))
+                self._next_entries[key] = now + self.entries_interval
+            spoolfile.write_atomic(directory, layout.state_name(rank.rank, rank.pid),
+                                   state_document(job, rank, self.node, started, ticks))
+
