@@ -19,6 +19,13 @@ MAX_JOB_CHARS = 128
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@-]")
 SPOOL_FILE = re.compile(r"^rank_(\d{1,7})\.(\d{1,10})\.(json|entries\.json)$")
+# torch.cuda.memory_stats() keys a state file carries, under torch's own names.
+MEMORY_KEYS = (
+    "allocated_bytes.all.current", "allocated_bytes.all.peak",
+    "reserved_bytes.all.current", "reserved_bytes.all.peak",
+    "active_bytes.all.current", "inactive_split_bytes.all.current",
+    "num_alloc_retries", "num_ooms",
+)
 
 
 def safe_job(job_id: str) -> str:

@@ -27,13 +27,6 @@ log = logging.getLogger("llmmon.reporter")
 
 MAX_FAILURES = 10  # consecutive; with the default cadence that is ~2.5 minutes of retries
 MAX_BACKOFF = 60.0  # seconds, and at most 30 status intervals
-# torch.cuda.memory_stats() keys shipped to the daemon, under torch's own names.
-MEMORY_KEYS = (
-    "allocated_bytes.all.current", "allocated_bytes.all.peak",
-    "reserved_bytes.all.current", "reserved_bytes.all.peak",
-    "active_bytes.all.current", "inactive_split_bytes.all.current",
-    "num_alloc_retries", "num_ooms",
-)
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
@@ -111,7 +104,7 @@ class _Session:
         if self.device is None:
             return None
         stats = self.torch.cuda.memory_stats(self.device)
-        return {key: int(stats.get(key, 0)) for key in MEMORY_KEYS}
+        return {key: int(stats.get(key, 0)) for key in layout.MEMORY_KEYS}
 
 
 class Reporter:
@@ -207,6 +200,8 @@ class Reporter:
                                     f"last: {self.last_error}")
             log.warning("llmmon reporter %s", self.disabled_reason)
             try:
+                if self._session is not None:  # free the big file first: the spool may be full
+                    spoolfile.remove(self._session.dir, self._session.entries_name)
                 self._write_state(None, None)
             except Exception:
                 pass  # the spool itself may be what is broken
@@ -214,8 +209,9 @@ class Reporter:
                    MAX_BACKOFF)
 
     def _connect(self) -> _Session | None:
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        torch, dist = sys.modules.get("torch"), sys.modules.get("torch.distributed")
+        if _importing(torch) or _importing(dist) or not dist.is_available() \
+                or not dist.is_initialized():
             return None
         session = _Session(sys.modules["torch"], self.env, self.spool)
         self._session = session
@@ -297,3 +293,8 @@ class Reporter:
         spoolfile.write_atomic(directory, name, session.flight.full())
         self.dumps_written += 1
 
+
+def _importing(module: Any) -> bool:
+    """Absent, or still executing its import on the training thread (half-defined)."""
+    return module is None or bool(getattr(getattr(module, "__spec__", None), "_initializing",
+                                          False))

@@ -1,0 +1,309 @@
+"""Training ranks: PyTorch allocator, NCCL progress and timings, step metrics, hang evidence.
+
+Reads the spool the in-process reporter writes (exporter/reporter), keeps counters across
+reads in a ledger, serves the hang evidence at /api/v1/ranks and, once a group has made no
+progress for `dump_after`, asks its ranks for a Flight Recorder dump through the dump pipe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any, Iterable
+
+from prometheus_client.core import Metric
+
+from exporter import ranks_dumps, ranks_hang
+from exporter.collector import Collector, Context
+from exporter.metrics import Families, MetricSpec
+from exporter.options import Option
+from exporter.ranks_ingest import SpoolIngest
+from exporter.ranks_ledger import DURATION_BUCKETS, Ledger, RankTrack
+from exporter.reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
+from exporter.sources.spool import SpoolSource
+
+RANK = ("job_id", "rank")
+PG = RANK + ("pg",)
+COLL = PG + ("coll",)
+
+
+def _rank(name: str, kind: str, help_text: str) -> MetricSpec:
+    return MetricSpec(name, kind, help_text, RANK)
+
+
+def _pg(name: str, help_text: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_text, PG)
+
+
+RANK_INFO = MetricSpec(
+    "llmmon_rank_info", "info", "A training rank seen in the spool; join on job_id and rank.",
+    ("job_id", "rank", "local_rank", "world_size", "uuid", "pod", "namespace", "pid"))
+RANK_UP = _rank("llmmon_rank_up", "gauge",
+                "1 while the rank's reporter writes its file; 0 once stale (then dropped).")
+REPORT_AGE = _rank("llmmon_rank_report_age_seconds", "gauge",
+                   "Seconds since the rank's reporter last wrote its file.")
+REPORTER_DISABLED = _rank("llmmon_reporter_disabled", "gauge",
+                          "1 when the reporter disabled itself after repeated failures.")
+REPORTER_ERRORS = _rank("llmmon_reporter_errors_total", "counter",
+                        "Failures the in-process reporter caught (and survived).")
+ALLOCATOR_INFO = MetricSpec(
+    "llmmon_torch_allocator_config_info", "info",
+    "PYTORCH_CUDA_ALLOC_CONF of the rank (e.g. expandable_segments:True).",
+    RANK + ("config",))
+MEMORY = (
+    (_rank("llmmon_torch_memory_reserved_bytes", "gauge",
+           "Bytes the caching allocator holds from CUDA (reserved_bytes.all.current)."),
+     "reserved_bytes.all.current"),
+    (_rank("llmmon_torch_memory_allocated_bytes", "gauge",
+           "Bytes in tensors (allocated_bytes.all.current)."), "allocated_bytes.all.current"),
+    (_rank("llmmon_torch_memory_active_bytes", "gauge",
+           "Bytes in active blocks (active_bytes.all.current); reserved far above active is "
+           "fragmentation."), "active_bytes.all.current"),
+    (_rank("llmmon_torch_memory_inactive_split_bytes", "gauge",
+           "Bytes in inactive, split blocks (inactive_split_bytes.all.current): fragmentation."),
+     "inactive_split_bytes.all.current"),
+    (_rank("llmmon_torch_alloc_retries_total", "counter",
+           "cudaMalloc failures that flushed the cache and retried: the step before an OOM."),
+     "num_alloc_retries"),
+    (_rank("llmmon_torch_ooms_total", "counter", "Out-of-memory errors the allocator raised."),
+     "num_ooms"),
+)
+ENQUEUED = _pg("llmmon_nccl_last_enqueued_seq",
+               "Sequence number of the last collective the rank enqueued in the group.")
+STARTED = _pg("llmmon_nccl_last_started_seq",
+              "Last collective seen started (-1 unless TORCH_NCCL_ENABLE_TIMING=1).")
+COMPLETED = _pg("llmmon_nccl_last_completed_seq", "Last collective seen completed.")
+PROGRESS = _pg("llmmon_nccl_last_progress_timestamp_seconds",
+               "Unix time the daemon saw last_completed change (first sight counts).")
+INFLIGHT = _pg("llmmon_nccl_oldest_inflight_age_seconds",
+               "Seconds since the oldest collective not yet completed was enqueued (0: none).")
+LAG = _pg("llmmon_nccl_enqueue_lag_seconds",
+          "Enqueue time of the newest sequence every local member enqueued, minus the node "
+          "median for it: a rank late to its collectives stands out positive.")
+DURATION = MetricSpec(
+    "llmmon_nccl_collective_duration_seconds", "histogram",
+    "Collective durations from the Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1 only), each "
+    "record counted once.", COLL)
+BYTES = MetricSpec(
+    "llmmon_nccl_collective_bytes_total", "counter",
+    "Message bytes of finished collectives (nccl-tests' S: input, or total output for "
+    "gathers), by the Flight Recorder's dtype name.", COLL + ("dtype",))
+BUS_BYTES = MetricSpec(
+    "llmmon_nccl_bus_bytes_total", "counter",
+    "Bytes x nccl-tests' bus factor, for collectives with a duration: busbw = "
+    "rate(this) / rate(duration_seconds_sum).", COLL)
+MISSED = _rank("llmmon_nccl_entries_missed_total", "counter",
+               "Flight Recorder records that left the ring before the daemon read them.")
+PG_INFO = MetricSpec("llmmon_nccl_pg_info", "info", "A process group of a job.",
+                     ("job_id", "pg", "pg_desc", "size", "ranks"))
+DUMPS_REQUESTED = MetricSpec(
+    "llmmon_nccl_dumps_requested_total", "counter",
+    "Flight Recorder dumps the daemon requested because a group stopped progressing.",
+    ("job_id",))
+DUMPS_KEPT = MetricSpec("llmmon_nccl_dumps_kept", "gauge",
+                        "Flight Recorder dump sets kept for post-mortems.")
+STEPS = _rank("llmmon_training_steps_total", "counter", "reporter.step() calls.")
+STEP_SECONDS = _rank("llmmon_training_step_seconds", "histogram",
+                     "Time between consecutive reporter.step() calls.")
+TOKENS = _rank("llmmon_training_tokens_total", "counter", "Tokens passed to reporter.step().")
+FLOPS = _rank("llmmon_training_model_flops_total", "counter",
+              "Model FLOPs passed to reporter.step(); rate / peak FLOPs is MFU.")
+NONFINITE = _rank("llmmon_training_loss_nonfinite_total", "counter",
+                  "Steps whose loss was NaN or infinite.")
+REJECTED = MetricSpec(
+    "llmmon_ranks_spool_rejected_total", "counter",
+    "Spool files or entries refused (invalid_json, schema, too_large, symlink, duplicate, "
+    "identity_mismatch, ...), once per file version.", ("reason",))
+SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
+                       "Label values cut to a safe alphabet or length, by field.", ("field",))
+
+
+class RanksCollector(Collector):
+    name = "ranks"
+    description = ("Training ranks from the reporter spool: PyTorch memory, NCCL progress, "
+                   "timings and bytes, step metrics; hang evidence at /api/v1/ranks.")
+    specs = (RANK_INFO, RANK_UP, REPORT_AGE, REPORTER_DISABLED, REPORTER_ERRORS, ALLOCATOR_INFO,
+             *(spec for spec, _ in MEMORY), ENQUEUED, STARTED, COMPLETED, PROGRESS, INFLIGHT,
+             LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
+             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED)
+    options = (
+        Option("spool_dir", "str", DEFAULT_SPOOL,
+               "Directory the training-process reporters write to (LLMMON_SPOOL).",
+               flag="--spool.dir"),
+        Option("stale_after", "duration", "30s",
+               "A rank whose file is older than this is reported down (llmmon_rank_up 0)."),
+        Option("drop_after", "duration", "10m",
+               "A rank silent this long is dropped and its spool files deleted."),
+        Option("stall_after", "duration", "60s",
+               "No progress for this long while ranks wait marks a group stalled in "
+               "/api/v1/ranks and `llmmon diagnose --ranks`."),
+        Option("auto_dump", "bool", True,
+               "Request a Flight Recorder dump from a job once a group stalls for dump_after."),
+        Option("dump_after", "duration", "3m",
+               "Stall time before the automatic dump; keep it under the NCCL watchdog (10 min) "
+               "and heartbeat monitor (8 min) timeouts."),
+        Option("fr_dir", "str", DEFAULT_FR_DIR,
+               "Where Flight Recorder dumps land (dump file prefix FR_DIR/JOB/rank_)."),
+        Option("pipe_dir", "str", DEFAULT_PIPE_DIR,
+               "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe)."),
+        Option("dumps_keep", "int", 8, "Dump sets kept for post-mortems (newest first)."),
+        Option("max_file_bytes", "int", 16 << 20,
+               "Larger spool files are refused (18.5k NCCL entries make ~10 MB)."),
+        Option("max_files", "int", 512, "Spool files read per run at most."),
+        Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound)."),
+    )
+    interval = 5.0
+    timeout = 4.0
+
+    def __init__(self, env, config) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(env, config)
+        self.ledger = Ledger(config["max_ranks"])
+        self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
+                                  config["max_files"])
+        self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
+                                  config["drop_after"])
+        self.keeper = ranks_dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
+        self._rejected: Counter[str] = Counter()
+        self._sanitised: Counter[str] = Counter()
+        self._dumps_requested: Counter[str] = Counter()
+        self._dumped: set[tuple[str, str, int]] = set()
+        self._kept = 0
+        self._lock = threading.Lock()
+        self._evidence: dict[str, Any] = ranks_hang.evidence(
+            self.ledger, time.time(), config["stale_after"], config["stall_after"])
+
+    def api(self) -> dict[str, Any]:
+        return {"ranks": self.evidence}
+
+    def evidence(self) -> dict[str, Any]:
+        with self._lock:
+            return self._evidence
+
+    def collect(self, ctx: Context) -> Iterable[Metric]:
+        return self.collect_at(ctx, time.time())
+
+    def collect_at(self, ctx: Context, now: float) -> Families:
+        """One run as of Unix time `now` (tests replay fixture spools at a fixed time)."""
+        result = self.ingest.run(now)
+        for problem in result.problems:
+            ctx.error(problem.key, problem.message)
+            self._rejected[problem.reason] += 1
+        self._sanitised.update(result.sanitised)
+        evidence = ranks_hang.evidence(self.ledger, now, self.config["stale_after"],
+                                       self.config["stall_after"])
+        with self._lock:
+            self._evidence = evidence
+        self._dump(ctx, evidence, now)
+        if not self.source.exists():
+            ctx.watching(0, f"no spool directory {self.source.root}")
+        else:
+            ctx.watching(len(self.ledger.tracks), "ranks in the spool")
+        return self._families(now)
+
+    def _dump(self, ctx: Context, evidence: dict[str, Any], now: float) -> None:
+        """Request one dump per stall (job, group, stuck sequence); keep the newest sets."""
+        for job in evidence["jobs"]:
+            for group in job["groups"]:
+                stuck = (job["job_id"], group["pg"], group["last_completed"])
+                if (not self.config["auto_dump"] or group["op"] is None or stuck in self._dumped
+                        or group["stalled_seconds"] < self.config["dump_after"]):
+                    continue
+                self._dumped.add(stuck)
+                ranks = [r["rank"] for r in job["ranks"]]
+                results = ranks_dumps.request(self.config["pipe_dir"], job["job_id"], ranks)
+                self._dumps_requested[job["job_id"]] += 1
+                ctx.error(f"dump:{job['job_id']}", f"{group['summary']}; requested a Flight "
+                          f"Recorder dump: {results}")
+        live = {job["job_id"] for job in evidence["jobs"]}
+        self._dumped = {key for key in self._dumped if key[0] in live}
+        try:
+            self._kept = self.keeper.harvest(now)
+        except OSError as exc:
+            ctx.error("dumps", f"keeping Flight Recorder dumps in {self.keeper.fr_dir}: {exc}")
+
+    # rendering -------------------------------------------------------------------------
+    def _families(self, now: float) -> Families:
+        families = Families()
+        stale_after = self.config["stale_after"]
+        for job, tracks in self.ledger.jobs().items():
+            for track in tracks:
+                self._rank_families(families, track, now, stale_after)
+            up = [t for t in tracks if t.age(now) <= stale_after]
+            for pg in sorted({pg for t in up for pg in t.state.progress}):
+                members = [t for t in up if pg in t.state.progress]
+                for rank, lag in self.ledger.enqueue_lag(members, pg).items():
+                    families.add(LAG, [job, str(rank), pg], lag)
+            self._group_families(families, job, tracks)
+        for job_id, count in sorted(self._dumps_requested.items()):
+            families.add(DUMPS_REQUESTED, [job_id], count)
+        families.add(DUMPS_KEPT, [], self._kept)
+        for reason, count in sorted(self._rejected.items()):
+            families.add(REJECTED, [reason], count)
+        for field, count in sorted(self._sanitised.items()):
+            families.add(SANITISED, [field], count)
+        return families
+
+    @staticmethod
+    def _group_families(families: Families, job: str, tracks: list[RankTrack]) -> None:
+        seen: set[str] = set()
+        for track in tracks:
+            for pg, group in sorted(track.groups().items()):
+                if pg not in seen:
+                    seen.add(pg)
+                    families.add(PG_INFO, [job, pg, group.desc, str(group.size),
+                                           ranks_hang.join_spans(group.ranks)], 1)
+
+    @staticmethod
+    def _rank_families(families: Families, track: RankTrack, now: float,
+                       stale_after: float) -> None:
+        state, who = track.state, track.state.identity
+        labels = [who.job_id, str(who.rank)]
+        families.add(RANK_INFO, labels + [str(who.local_rank), str(who.world_size), who.uuid,
+                                          who.pod, who.namespace, str(who.pid)], 1)
+        families.add(RANK_UP, labels, 1 if track.age(now) <= stale_after else 0)
+        families.add(REPORT_AGE, labels, track.age(now))
+        families.add(REPORTER_DISABLED, labels, 1 if state.health.disabled else 0)
+        families.add(REPORTER_ERRORS, labels, state.health.errors_total)
+        families.add(MISSED, labels, track.missed)
+        if who.allocator_config:
+            families.add(ALLOCATOR_INFO, labels + [who.allocator_config], 1)
+        if state.memory is not None:
+            for spec, key in MEMORY:
+                if key in state.memory:
+                    families.add(spec, labels, state.memory[key])
+        for pg, progress in sorted(state.progress.items()):
+            pg_labels = labels + [pg]
+            families.add(ENQUEUED, pg_labels, progress.enqueued)
+            families.add(STARTED, pg_labels, progress.started)
+            families.add(COMPLETED, pg_labels, progress.completed)
+            noted = track.last_progress(pg)
+            if noted is not None:
+                families.add(PROGRESS, pg_labels, noted)
+            families.add(INFLIGHT, pg_labels, track.inflight_age(pg, now))
+        for (pg, coll, dtype), value in sorted(track.collective_bytes.items()):
+            families.add(BYTES, labels + [pg, coll, dtype], value)
+        for (pg, coll), value in sorted(track.bus_bytes.items()):
+            families.add(BUS_BYTES, labels + [pg, coll], value)
+        for (pg, coll), histogram in sorted(track.durations.items()):
+            families.add_histogram(DURATION, labels + [pg, coll],
+                                   _cumulative(DURATION_BUCKETS, histogram.counts),
+                                   histogram.total)
+        steps = state.steps
+        if steps is not None:
+            families.add(STEPS, labels, steps.steps)
+            families.add(TOKENS, labels, steps.tokens)
+            families.add(FLOPS, labels, steps.model_flops)
+            families.add(NONFINITE, labels, steps.loss_nonfinite)
+            families.add_histogram(STEP_SECONDS, labels,
+                                   _cumulative(steps.buckets, steps.counts), steps.seconds_sum)
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int] | tuple[int, ...]
+                ) -> list[tuple[str, float]]:
+    """Per-bucket counts (one more than bounds, the last for +Inf) as Prometheus buckets."""
+    buckets, running = [], 0
+    for bound, count in zip(list(bounds) + [float("inf")], counts):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return buckets

@@ -1,0 +1,155 @@
+"""`llmmon diagnose`: verdicts with their evidence, one branch of the triage tree at a time.
+
+Each branch of DESIGN.md §1 is a `Branch`: it adds its own flags, gathers its evidence and
+returns findings.  `--<branch>` selects branches (all when none is named).  Exit status: 0 when
+nothing is critical, 1 when something is, 2 when the evidence could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from exporter import ranks_dumps, ranks_hang
+from exporter.ranks_ingest import SpoolIngest
+from exporter.ranks_ledger import Ledger
+from exporter.reporter.layout import DEFAULT_PIPE_DIR
+from exporter.sources.spool import SpoolSource
+
+SEVERITIES = ("ok", "info", "warning", "critical")
+
+
+class EvidenceError(Exception):
+    """The evidence a branch needs could not be read (daemon down, spool missing, ...)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    branch: str
+    severity: str  # one of SEVERITIES
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class Branch(Protocol):
+    name: str
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> list[Finding]: ...
+
+
+def fetch_json(url: str, timeout: float = 5.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise EvidenceError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+
+class RanksBranch:
+    """Distributed hang: which group is stuck, in which collective, and which rank is behind."""
+
+    name = "ranks"
+    help = "Training ranks: hung groups, the rank behind, stale or disabled reporters."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("ranks")
+        group.add_argument("--spool.dir", dest="spool_dir", metavar="DIR",
+                           help="Read the rank spool directly instead of asking a daemon.")
+        group.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
+                           help="With --spool.dir: a rank silent this long is down.")
+        group.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS",
+                           help="With --spool.dir: a group stuck this long is stalled.")
+        group.add_argument("--dump", action="store_true",
+                           help="Request a Flight Recorder dump from every rank of each job "
+                           "with a stalled group (through the dump pipe; run on the node).")
+        group.add_argument("--pipe-dir", default=DEFAULT_PIPE_DIR,
+                           help="Dump pipe directory for --dump (default: %(default)s).")
+
+    def evidence(self, args: argparse.Namespace) -> dict[str, Any]:
+        if args.spool_dir:
+            source = SpoolSource(args.spool_dir, 16 << 20, 4096)
+            if not source.exists():
+                raise EvidenceError(f"spool directory {args.spool_dir} does not exist")
+            ledger = Ledger(max_ranks=4096)
+            now = time.time()
+            SpoolIngest(source, ledger, args.stale_after, float("inf")).run(now)
+            return ranks_hang.evidence(ledger, now, args.stale_after, args.stall_after)
+        return fetch_json(f"{args.url.rstrip('/')}/api/v1/ranks")
+
+    def run(self, args: argparse.Namespace) -> list[Finding]:
+        evidence = self.evidence(args)
+        findings: list[Finding] = []
+        if not evidence.get("jobs"):
+            return [Finding(self.name, "info", "no training ranks report on this node")]
+        for job in evidence["jobs"]:
+            for rank in job["ranks"]:
+                if rank["reporter"]["disabled"]:
+                    findings.append(Finding(
+                        self.name, "warning",
+                        f"job {job['job_id']}, rank {rank['rank']}: reporter disabled itself: "
+                        f"{rank['reporter']['disabled_reason']}", {"rank": rank}))
+                elif not rank["up"]:
+                    findings.append(Finding(
+                        self.name, "warning",
+                        f"job {job['job_id']}, rank {rank['rank']} (pid {rank['pid']}) stopped "
+                        f"reporting {rank['report_age_seconds']:.0f} s ago", {"rank": rank}))
+            for group in job["groups"]:
+                severity = "critical" if group["stalled"] else "ok" if group["op"] is None \
+                    else "info"
+                findings.append(Finding(self.name, severity, group["summary"], group))
+            if args.dump and job["stalled_groups"]:
+                ranks = [r["rank"] for r in job["ranks"]]
+                results = ranks_dumps.request(args.pipe_dir, job["job_id"], ranks)
+                findings.append(Finding(self.name, "info",
+                                        f"job {job['job_id']}: Flight Recorder dump requested: "
+                                        f"{results}", {"dump": results}))
+        return findings
+
+
+BRANCHES: tuple[Branch, ...] = (RanksBranch(),)
+
+
+def render(findings: list[Finding]) -> str:
+    marks = {"ok": "ok  ", "info": "info", "warning": "WARN", "critical": "CRIT"}
+    return "".join(f"[{marks[f.severity]}] {f.branch}: {f.summary}\n" for f in findings)
+
+
+def run(args: argparse.Namespace) -> int:
+    selected = [b for b in BRANCHES if getattr(args, f"branch_{b.name}")] or list(BRANCHES)
+    findings: list[Finding] = []
+    try:
+        for branch in selected:
+            findings.extend(branch.run(args))
+    except EvidenceError as exc:
+        print(f"llmmon diagnose: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump([asdict(f) for f in findings], sys.stdout, indent=1, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(findings))
+    return 1 if any(f.severity == "critical" for f in findings) else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "diagnose", help="Walk the triage tree and print each verdict with its evidence.",
+        description="Print verdicts with their evidence. Branches: "
+        + "; ".join(f"--{b.name}: {b.help}" for b in BRANCHES))
+    parser.add_argument("--url", default="http://127.0.0.1:9476",
+                        help="A running llmmon daemon (default: %(default)s).")
+    parser.add_argument("--json", action="store_true", help="Print findings as JSON.")
+    for branch in BRANCHES:
+        parser.add_argument(f"--{branch.name}", dest=f"branch_{branch.name}",
+                            action="store_true", help=branch.help)
+        branch.add_arguments(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,162 @@
+"""One pass over the spool: pick each rank's current files, parse them, feed the ledger.
+
+Each file version is parsed once (keyed by inode, mtime and size) and each problem reported
+once per version, so a bad file sitting in the spool is one error, not one per run.  A rank
+claimed by two fresh files keeps the newer one; files of ranks gone for `drop_after` are
+deleted (the spool is the daemon's tmpfs, it must not fill up with dead jobs).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Generic, TypeVar
+
+from exporter.ranks_ledger import Ledger
+from exporter.ranks_schema import Notes, RankEntries, RankState, SchemaError, parse_entries, \
+    parse_state
+from exporter.sources.spool import SpoolError, SpoolFile, SpoolSource, Stamp
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: str  # a short label value: invalid_json, schema, too_large, duplicate, ...
+    key: str  # what it concerns, for the collector's error log
+    message: str
+
+
+@dataclass
+class IngestResult:
+    problems: list[Problem] = field(default_factory=list)
+    sanitised: Counter[str] = field(default_factory=Counter)
+    dropped: int = 0
+
+
+@dataclass
+class _Parsed(Generic[T]):
+    stamp: Stamp
+    value: T | None
+    error: SpoolError | SchemaError | None
+
+
+class SpoolIngest:
+    def __init__(self, source: SpoolSource, ledger: Ledger, stale_after: float,
+                 drop_after: float) -> None:
+        self.source = source
+        self.ledger = ledger
+        self.stale_after = stale_after
+        self.drop_after = drop_after
+        self._states: dict[str, _Parsed[RankState]] = {}
+        self._entries: dict[str, _Parsed[RankEntries]] = {}
+        self._reported: dict[str, tuple[str, Stamp | None]] = {}
+
+    def run(self, now: float) -> IngestResult:
+        result = IngestResult()
+        try:
+            scan = self.source.scan()
+        except SpoolError as exc:
+            self._problem(result, exc.reason, exc.path, str(exc), None)
+            return result
+        for rejected in scan.rejected:
+            self._problem(result, rejected.reason, rejected.path, str(rejected), None)
+        states = [f for f in scan.files if f.kind == "state"]
+        entries = {(f.job_dir, f.rank, f.pid): f for f in scan.files if f.kind == "entries"}
+        current = self._current(states, now, result)
+        for spool_file, state in current:
+            if not self.ledger.observe_state(state, spool_file.mtime, now):
+                self._problem(result, "too_many_ranks", spool_file.path,
+                              f"{spool_file.path}: more than {self.ledger.max_ranks} ranks; "
+                              "skipped", spool_file.stamp)
+                continue
+            entries_file = entries.get((spool_file.job_dir, spool_file.rank, spool_file.pid))
+            if entries_file is not None:
+                self._ingest_entries(entries_file, result)
+        result.dropped = len(self.ledger.expire(now, self.drop_after))
+        self._sweep(scan.files, scan.temporaries, now)
+        live = {f.path for f in scan.files} | {r.path for r in scan.rejected}
+        for cache in (self._states, self._entries, self._reported):
+            for path in set(cache) - live - {self.source.root}:
+                del cache[path]
+        return result
+
+    # selection ---------------------------------------------------------------------------
+    def _current(self, files: list[SpoolFile], now: float,
+                 result: IngestResult) -> list[tuple[SpoolFile, RankState]]:
+        """The newest valid state per (job, rank); a second fresh claimant is a duplicate."""
+        chosen: dict[tuple[str, int], tuple[SpoolFile, RankState]] = {}
+        for spool_file in sorted(files, key=lambda f: f.stamp[1], reverse=True):
+            state = self._parse(self._states, spool_file, parse_state, result)
+            if state is None:
+                continue
+            who = state.identity
+            if (who.job_id, who.rank, who.pid) != (spool_file.job_dir, spool_file.rank,
+                                                  spool_file.pid):
+                self._problem(result, "identity_mismatch", spool_file.path,
+                              f"{spool_file.path}: says job {who.job_id!r} rank {who.rank} "
+                              f"pid {who.pid}; its path says otherwise", spool_file.stamp)
+                continue
+            key = (who.job_id, who.rank)
+            if key not in chosen:
+                chosen[key] = (spool_file, state)
+            elif now - spool_file.mtime <= self.stale_after:
+                winner = chosen[key][0]
+                self._problem(result, "duplicate", spool_file.path,
+                              f"{spool_file.path}: job {who.job_id} rank {who.rank} is also "
+                              f"reported by pid {winner.pid}; kept the newer file",
+                              spool_file.stamp)
+        return list(chosen.values())
+
+    def _ingest_entries(self, spool_file: SpoolFile, result: IngestResult) -> None:
+        cached = self._entries.get(spool_file.path)
+        if cached is not None and cached.stamp == spool_file.stamp:
+            return  # already counted this version
+        entries = self._parse(self._entries, spool_file, parse_entries, result)
+        if entries is None:
+            return
+        if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
+                                                          spool_file.pid):
+            self._problem(result, "identity_mismatch", spool_file.path,
+                          f"{spool_file.path}: entries of another rank or pid", spool_file.stamp)
+            return
+        self.ledger.observe_entries(entries)
+
+    def _parse(self, cache: dict[str, _Parsed[T]], spool_file: SpoolFile,
+               parser: Callable[[bytes, Notes], T], result: IngestResult) -> T | None:
+        cached = cache.get(spool_file.path)
+        if cached is None or cached.stamp != spool_file.stamp:
+            notes = Notes()
+            try:
+                data, stamp = self.source.read(spool_file)
+                cached = _Parsed(stamp, parser(data, notes), None)
+            except (SpoolError, SchemaError) as exc:
+                cached = _Parsed(spool_file.stamp, None, exc)
+            cache[spool_file.path] = cached
+            result.sanitised.update(notes.sanitised)
+            if notes.dropped:
+                self._problem(result, "bad_entry", spool_file.path,
+                              f"{spool_file.path}: dropped {notes.dropped} item(s), first: "
+                              f"{notes.first_drop}", cached.stamp)
+        if cached.error is not None:
+            message = str(cached.error)
+            if isinstance(cached.error, SchemaError):
+                message = f"{spool_file.path}: {message}"
+            self._problem(result, cached.error.reason, spool_file.path, message, cached.stamp)
+        return cached.value
+
+    def _problem(self, result: IngestResult, reason: str, key: str, message: str,
+                 stamp: Stamp | None) -> None:
+        """Report a problem once per file version (and again if it changes)."""
+        if self._reported.get(key) == (reason, stamp):
+            return
+        self._reported[key] = (reason, stamp)
+        result.problems.append(Problem(reason, key, message))
+
+    def _sweep(self, files: list[SpoolFile], temporaries: list[tuple[str, float]],
+               now: float) -> None:
+        """Delete spool files nobody has written for drop_after, and abandoned temp files."""
+        old = [f.path for f in files if now - f.mtime > self.drop_after]
+        old += [path for path, mtime in temporaries if now - mtime > self.drop_after]
+        for path in old:
+            self.source.remove(path)

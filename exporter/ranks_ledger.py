@@ -1,0 +1,213 @@
+"""What the daemon remembers about each rank between spool reads.
+
+Reporters ship snapshots; the ledger turns them into what Prometheus needs: counters that only
+grow (bytes and durations, each Flight Recorder record counted once per `record_id`), the time
+a group last made progress (noted here, when `last_completed` changes), the enqueue time of
+each recent sequence number (for in-flight ages and enqueue lag), and staleness.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from exporter import ranks_collectives
+from exporter.ranks_schema import Collective, FrDump, Group, Progress, RankEntries, RankState
+
+# Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
+DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
+MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
+MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank and group
+
+RankKey = tuple[str, int]  # job_id, rank
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        index = next((i for i, bound in enumerate(DURATION_BUCKETS) if value <= bound),
+                     len(DURATION_BUCKETS))
+        self.counts[index] += 1
+        self.total += value
+
+
+@dataclass
+class Enqueued:
+    created_ns: int
+    coll: str
+
+
+@dataclass
+class RankTrack:
+    state: RankState
+    mtime: float  # when the reporter last wrote (file mtime: the daemon's clock)
+    progress_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    index: dict[str, dict[int, Enqueued]] = field(default_factory=dict)  # pg -> seq -> ...
+    dump_groups: dict[str, Group] = field(default_factory=dict)
+    counted: set[int] = field(default_factory=set)
+    max_record_id: int = -1
+    missed: int = 0
+    collective_bytes: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    bus_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
+    durations: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    overflow: int = 0  # samples not counted because the series budget was spent
+
+    @property
+    def pid(self) -> int:
+        return self.state.identity.pid
+
+    def groups(self) -> dict[str, Group]:
+        """The reporter's own group list, else the Flight Recorder's pg_config."""
+        return self.state.groups or self.dump_groups
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.mtime)
+
+    def last_progress(self, pg: str) -> float | None:
+        noted = self.progress_noted.get(pg)
+        return noted[1] if noted else None
+
+    def inflight_age(self, pg: str, now: float) -> float:
+        """Seconds since the oldest collective not yet completed was enqueued (0: none)."""
+        progress = self.state.progress.get(pg)
+        if progress is None or progress.enqueued <= progress.completed:
+            return 0.0
+        oldest = self.index.get(pg, {}).get(progress.completed + 1)
+        return max(0.0, now - oldest.created_ns / 1e9) if oldest else 0.0
+
+    # updates ----------------------------------------------------------------------------
+    def note_progress(self, now: float) -> None:
+        for pg, progress in self.state.progress.items():
+            noted = self.progress_noted.get(pg)
+            if noted is None or noted[0] != progress.completed:
+                self.progress_noted[pg] = (progress.completed, now)
+
+    def index_dump(self, dump: FrDump) -> None:
+        for entry in dump.entries:
+            if entry.is_p2p:
+                continue
+            seqs = self.index.setdefault(entry.pg, {})
+            seqs[entry.seq] = Enqueued(entry.created_ns, entry.coll)
+        for seqs in self.index.values():
+            if len(seqs) > MAX_INDEXED_SEQS:
+                for seq in sorted(seqs)[: len(seqs) - MAX_INDEXED_SEQS]:
+                    del seqs[seq]
+
+    def count(self, dump: FrDump) -> None:
+        """Add every finished record not counted before to the byte and duration counters."""
+        ids = [entry.record_id for entry in dump.entries]
+        if not ids:
+            return
+        first = min(ids)
+        if self.max_record_id >= 0 and first > self.max_record_id + 1:
+            self.missed += first - self.max_record_id - 1  # the ring wrapped between reads
+        self.max_record_id = max(self.max_record_id, max(ids))
+        self.counted = {record for record in self.counted if record >= first}
+        groups = self.groups()
+        for entry in dump.entries:
+            if entry.record_id in self.counted or not _finished(entry, dump.progress):
+                continue
+            self.counted.add(entry.record_id)
+            self._add(entry, groups.get(entry.pg))
+
+    def _add(self, entry: Collective, group: Group | None) -> None:
+        if entry.nbytes is not None and self._admit(self.collective_bytes,
+                                                    (entry.pg, entry.coll, entry.dtype)):
+            key = (entry.pg, entry.coll, entry.dtype)
+            self.collective_bytes[key] = self.collective_bytes.get(key, 0.0) + entry.nbytes
+        if entry.duration is None or not self._admit(self.durations, (entry.pg, entry.coll)):
+            return
+        self.durations.setdefault((entry.pg, entry.coll), Histogram()).observe(entry.duration)
+        # Bus bytes only with a duration, so rate(bus bytes) / rate(duration sum) is busbw.
+        if entry.nbytes is not None and group is not None:
+            key = (entry.pg, entry.coll)
+            self.bus_bytes[key] = self.bus_bytes.get(key, 0.0) + \
+                entry.nbytes * ranks_collectives.bus_factor(entry.coll, group.size)
+
+    def _admit(self, series: dict, key: tuple) -> bool:  # type: ignore[type-arg]
+        if key in series or len(series) < MAX_SERIES_KEYS:
+            return True
+        self.overflow += 1
+        return False
+
+
+def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:
+    """Done and not going to change: count it now.
+
+    With NCCL timing an entry gets `duration_ms` when the watchdog retires it; without timing
+    (and on gloo, which never marks completion) retirement or the group's completed sequence
+    number says it is done.
+    """
+    if entry.duration is not None:
+        return True
+    if entry.is_p2p:
+        return entry.retired or entry.state == "completed"
+    group = progress.get(entry.pg)
+    if group is not None and entry.seq > group.completed:
+        return False
+    timing = group is not None and group.started >= 0
+    return entry.retired or (entry.state == "completed" and not timing)
+
+
+class Ledger:
+    def __init__(self, max_ranks: int) -> None:
+        self.max_ranks = max_ranks
+        self.tracks: dict[RankKey, RankTrack] = {}
+
+    def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
+        """Take a rank's newest state; False when the rank budget is spent."""
+        key = (state.identity.job_id, state.identity.rank)
+        track = self.tracks.get(key)
+        if track is None or track.pid != state.identity.pid:
+            if track is None and len(self.tracks) >= self.max_ranks:
+                return False
+            # A new process for this rank: its record ids and sequences start over, but the
+            # daemon's own byte and duration counters carry on (they never go backwards).
+            previous = track
+            track = self.tracks[key] = RankTrack(state, mtime)
+            if previous is not None:
+                track.collective_bytes, track.bus_bytes = (previous.collective_bytes,
+                                                           previous.bus_bytes)
+                track.durations = previous.durations
+        track.state, track.mtime = state, mtime
+        track.note_progress(now)
+        if state.inflight is not None:
+            track.index_dump(state.inflight)
+        return True
+
+    def observe_entries(self, entries: RankEntries) -> None:
+        track = self.tracks.get((entries.job_id, entries.rank))
+        if track is None or track.pid != entries.pid:
+            return  # entries of a process whose state we do not follow
+        track.dump_groups = entries.dump.groups or track.dump_groups
+        track.index_dump(entries.dump)
+        track.count(entries.dump)
+
+    def expire(self, now: float, drop_after: float) -> list[RankTrack]:
+        """Forget ranks that have not reported for `drop_after` seconds; return them."""
+        gone = [key for key, track in self.tracks.items() if track.age(now) > drop_after]
+        return [self.tracks.pop(key) for key in gone]
+
+    def jobs(self) -> dict[str, list[RankTrack]]:
+        by_job: dict[str, list[RankTrack]] = {}
+        for (job, _), track in sorted(self.tracks.items()):
+            by_job.setdefault(job, []).append(track)
+        return by_job
+
+    def enqueue_lag(self, tracks: list[RankTrack], pg: str) -> dict[int, float]:
+        """rank -> its enqueue time of the newest sequence all these ranks enqueued, minus the
+        median enqueue time of that sequence (seconds; positive = later than its peers)."""
+        indexed = [t for t in tracks if t.index.get(pg)]
+        if len(indexed) < 2:
+            return {}
+        common = set.intersection(*(set(t.index[pg]) for t in indexed))
+        if not common:
+            return {}
+        seq = max(common)
+        times = {t.state.identity.rank: t.index[pg][seq].created_ns for t in indexed}
+        median = statistics.median_low(times.values()) + statistics.median_high(times.values())
+        # in integer nanoseconds: a float of Unix-epoch nanoseconds keeps only ~256 ns
+        return {rank: (2 * created - median) / 2e9 for rank, created in times.items()}

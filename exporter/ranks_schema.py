@@ -1,0 +1,420 @@
+"""Validation of rank spool documents: typed values out, a reason for everything refused.
+
+Spool files are written by processes the daemon does not control.  A document with the wrong
+shape is refused whole (`SchemaError`, with a reason label); a bad entry inside a good
+document is dropped alone; a string that becomes a label value is cut to a safe alphabet and
+length.  Every drop and every sanitised value is noted, so the collector can count them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import ranks_collectives
+from exporter.reporter.flight import ranges
+from exporter.reporter.layout import MEMORY_KEYS, SCHEMA, safe_job
+
+MAX_RANK = 1 << 20
+MAX_PGS = 64
+MAX_ENTRIES = 50_000
+MAX_TENSORS = 1024
+MAX_DIMS = 16
+MAX_BUCKETS = 64
+MAX_SEQ = 1 << 62
+MAX_TEXT = 500
+
+# label field -> characters kept (others become "_") and the longest value kept
+LABEL_RULES: dict[str, tuple[re.Pattern[str], int]] = {
+    "pod": (re.compile(r"[^A-Za-z0-9_.-]"), 253),
+    "namespace": (re.compile(r"[^a-z0-9-]"), 63),
+    "uuid": (re.compile(r"[^A-Za-z0-9-]"), 80),
+    "pg": (re.compile(r"[^A-Za-z0-9_.:-]"), 64),
+    "pg_desc": (re.compile(r"[^A-Za-z0-9_.:-]"), 64),
+    "coll": (re.compile(r"[^a-z0-9_]"), 48),
+    "dtype": (re.compile(r"[^A-Za-z0-9_]"), 32),
+    "allocator_config": (re.compile(r"[^A-Za-z0-9_.:,=+-]"), 256),
+}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class SchemaError(Exception):
+    def __init__(self, message: str, reason: str = "schema") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Notes:
+    """Sanitised fields and dropped entries met while parsing one document."""
+
+    def __init__(self) -> None:
+        self.sanitised: Counter[str] = Counter()
+        self.dropped = 0
+        self.first_drop = ""
+
+    def drop(self, message: str) -> None:
+        self.dropped += 1
+        self.first_drop = self.first_drop or message
+
+
+# -- scalar helpers -------------------------------------------------------------------------
+def _int(value: Any, what: str, low: int = 0, high: int = MAX_SEQ) -> int:
+    """An integer in [low, high]; the Flight Recorder writes some as decimal strings."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value.strip()):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SchemaError(f"{what}: expected an integer in [{low}, {high}], got {value!r:.40}")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise SchemaError(f"{what}: expected a finite number >= 0, got {value!r:.40}")
+    return float(value)
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise SchemaError(f"{what}: expected true or false, got {value!r:.40}")
+    return value
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{what}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, what: str, limit: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise SchemaError(f"{what}: expected a list, got {type(value).__name__}")
+    if len(value) > limit:
+        raise SchemaError(f"{what}: {len(value)} items, more than {limit}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{what}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def label(value: Any, field: str, notes: Notes) -> str:
+    """A string made safe as the value of label `field` (counted when it had to change)."""
+    text = _str(value, field)
+    pattern, limit = LABEL_RULES[field]
+    cleaned = pattern.sub("_", text)[:limit]
+    if cleaned != text:
+        notes.sanitised[field] += 1
+    return cleaned
+
+
+def text(value: Any, what: str) -> str:
+    """Free text for the JSON API and logs: no control characters, bounded length."""
+    return _CONTROL.sub(" ", _str(value, what))[:MAX_TEXT]
+
+
+# -- documents ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Identity:
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pod: str
+    namespace: str
+    pid: int
+    uuid: str
+    gpu_name: str
+    allocator_config: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    enqueued: int
+    started: int
+    completed: int
+
+
+@dataclass(frozen=True)
+class Group:
+    desc: str
+    size: int
+    ranks: tuple[tuple[int, int], ...]  # inclusive spans; empty when unknown
+
+
+@dataclass(frozen=True)
+class Health:
+    errors_total: int
+    disabled: bool
+    disabled_reason: str
+    last_error: str
+    fr_api: str
+
+
+@dataclass(frozen=True)
+class Steps:
+    steps: int
+    tokens: float
+    model_flops: float
+    loss_nonfinite: int
+    buckets: tuple[float, ...]
+    counts: tuple[int, ...]  # per bucket, not cumulative; one more than buckets (+Inf)
+    seconds_sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    record_id: int
+    pg: str
+    seq: int
+    is_p2p: bool
+    coll: str
+    dtype: str
+    nbytes: int | None
+    created_ns: int
+    duration: float | None  # seconds; only with TORCH_NCCL_ENABLE_TIMING
+    state: str
+    retired: bool
+
+
+@dataclass(frozen=True)
+class FrDump:
+    groups: dict[str, Group]
+    progress: dict[str, Progress]
+    entries: tuple[Collective, ...]
+
+
+@dataclass(frozen=True)
+class RankState:
+    identity: Identity
+    written_ns: int
+    health: Health
+    groups: dict[str, Group]
+    progress: dict[str, Progress]
+    memory: dict[str, int] | None
+    steps: Steps | None
+    inflight: FrDump | None
+
+
+@dataclass(frozen=True)
+class RankEntries:
+    job_id: str
+    rank: int
+    pid: int
+    written_ns: int
+    dump: FrDump
+
+
+def _load(data: bytes, kind: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"not JSON: {str(exc)[:120]}", "invalid_json") from None
+    doc = _obj(doc, "document")
+    if doc.get("schema") != SCHEMA or doc.get("kind") != kind:
+        raise SchemaError(f"not a schema-{SCHEMA} {kind} document "
+                          f"(schema={doc.get('schema')!r:.20}, kind={doc.get('kind')!r:.20})")
+    return doc
+
+
+def _job(value: Any, notes: Notes) -> str:
+    raw = _str(value, "job_id")
+    job = safe_job(raw)
+    if job != raw:
+        notes.sanitised["job_id"] += 1
+    return job
+
+
+def _identity(raw: Any, notes: Notes) -> Identity:
+    doc = _obj(raw, "identity")
+    world = _int(doc.get("world_size"), "world_size", 1, MAX_RANK)
+    rank = _int(doc.get("rank"), "rank", 0, world - 1)
+    return Identity(
+        job_id=_job(doc.get("job_id"), notes),
+        rank=rank,
+        local_rank=_int(doc.get("local_rank"), "local_rank", 0, MAX_RANK),
+        world_size=world,
+        pod=label(doc.get("pod", ""), "pod", notes),
+        namespace=label(doc.get("namespace", ""), "namespace", notes),
+        pid=_int(doc.get("pid"), "pid", 1, 1 << 31),
+        uuid=label(doc.get("uuid", ""), "uuid", notes),
+        gpu_name=text(doc.get("gpu_name", ""), "gpu_name"),
+        allocator_config=label(doc.get("allocator_config", ""), "allocator_config", notes),
+    )
+
+
+def _health(raw: Any) -> Health:
+    doc = _obj(raw, "reporter")
+    return Health(errors_total=_int(doc.get("errors_total", 0), "errors_total"),
+                  disabled=_bool(doc.get("disabled", False), "disabled"),
+                  disabled_reason=text(doc.get("disabled_reason", ""), "disabled_reason"),
+                  last_error=text(doc.get("last_error", ""), "last_error"),
+                  fr_api=text(doc.get("fr_api") or "", "fr_api"))
+
+
+def _spans(raw: Any) -> tuple[tuple[int, int], ...]:
+    spans = []
+    for item in _list(raw, "ranks", MAX_RANK):
+        pair = _list(item, "ranks span", 2)
+        if len(pair) != 2:
+            raise SchemaError("ranks: expected [first, last] spans")
+        first, last = (_int(v, "rank", 0, MAX_RANK) for v in pair)
+        spans.append((first, last))
+    return tuple(spans)
+
+
+def _groups(raw: Any, notes: Notes) -> dict[str, Group]:
+    """The reporter's own group list: {name: {desc, size, ranks: [[first, last], ...]}}."""
+    groups = {}
+    for name, value in _obj(raw, "pgs").items():
+        if len(groups) >= MAX_PGS:
+            notes.drop(f"more than {MAX_PGS} process groups")
+            break
+        doc = _obj(value, f"pgs.{name:.40}")
+        groups[label(name, "pg", notes)] = Group(label(doc.get("desc", ""), "pg_desc", notes),
+                                                 _int(doc.get("size"), "size", 1, MAX_RANK),
+                                                 _spans(doc.get("ranks", [])))
+    return groups
+
+
+def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
+    """Flight Recorder pg_config: {key: {name, desc, ranks: "[0, 1]"}} (gloo leaves it empty)."""
+    groups = {}
+    for value in _obj(raw or {}, "pg_config").values():
+        doc = _obj(value, "pg_config entry")
+        name = label(doc.get("name", ""), "pg", notes)
+        ranks_text = doc.get("ranks", "")
+        if not name or not isinstance(ranks_text, str) or len(ranks_text) > 1_000_000:
+            continue
+        try:
+            members = sorted({_int(r, "rank", 0, MAX_RANK) for r in json.loads(ranks_text)})
+        except (ValueError, TypeError, SchemaError):
+            notes.drop(f"pg_config {name}: unreadable ranks {ranks_text[:40]!r}")
+            continue
+        if members:
+            spans = tuple((first, last) for first, last in ranges(members))
+            groups[name] = Group(label(doc.get("desc", ""), "pg_desc", notes), len(members),
+                                 spans)
+        if len(groups) >= MAX_PGS:
+            break
+    return groups
+
+
+def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
+    progress = {}
+    for name, value in _obj(raw or {}, "pg_status").items():
+        if len(progress) >= MAX_PGS:
+            notes.drop(f"more than {MAX_PGS} process groups")
+            break
+        doc = _obj(value, f"pg_status.{name:.40}")
+        progress[label(name, "pg", notes)] = Progress(
+            _int(doc.get("last_enqueued_collective"), "last_enqueued_collective", -1),
+            _int(doc.get("last_started_collective", -1), "last_started_collective", -1),
+            _int(doc.get("last_completed_collective"), "last_completed_collective", -1))
+    return progress
+
+
+def _tensors(sizes: Any, dtypes: Any, what: str) -> tuple[list[list[int]], list[str]]:
+    shapes = [[_int(d, f"{what} dim", 0, 1 << 40) for d in _list(s, f"{what} shape", MAX_DIMS)]
+              for s in _list(sizes, f"{what}_sizes", MAX_TENSORS)]
+    names = [_str(d, f"{what}_dtypes") for d in _list(dtypes, f"{what}_dtypes", MAX_TENSORS)]
+    return shapes, names
+
+
+def collective(raw: Any, notes: Notes) -> Collective:
+    """One Flight Recorder entry; raises SchemaError when a field has the wrong type."""
+    entry = _obj(raw, "entry")
+    group = entry.get("process_group")
+    if isinstance(group, list) and group and isinstance(group[0], str):
+        pg = label(group[0], "pg", notes)
+    else:
+        pg = str(_int(entry.get("pg_id"), "pg_id"))
+    is_p2p = _bool(entry.get("is_p2p", False), "is_p2p")
+    seq = _int(entry.get("p2p_seq_id" if is_p2p else "collective_seq_id"), "seq", -1)
+    coll = label(ranks_collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")),
+                 "coll", notes)
+    inputs = _tensors(entry.get("input_sizes", []), entry.get("input_dtypes", []), "input")
+    outputs = _tensors(entry.get("output_sizes", []), entry.get("output_dtypes", []), "output")
+    nbytes, dtype = ranks_collectives.payload(coll, inputs, outputs)
+    duration_ms = entry.get("duration_ms")
+    return Collective(
+        record_id=_int(entry.get("record_id"), "record_id"),
+        pg=pg, seq=seq, is_p2p=is_p2p, coll=coll,
+        dtype=label(dtype, "dtype", notes), nbytes=nbytes,
+        created_ns=_int(entry.get("time_created_ns"), "time_created_ns"),
+        duration=None if duration_ms is None else _number(duration_ms, "duration_ms") / 1000,
+        state=text(entry.get("state", ""), "state")[:16],
+        retired=_bool(entry.get("retired", False), "retired"))
+
+
+def fr_dump(raw: Any, notes: Notes) -> FrDump:
+    doc = _obj(raw, "dump")
+    entries = []
+    for item in _list(doc.get("entries", []), "entries", MAX_ENTRIES):
+        try:
+            entries.append(collective(item, notes))
+        except SchemaError as exc:
+            notes.drop(f"entry: {exc}")
+    return FrDump(_config_groups(doc.get("pg_config"), notes),
+                  _progress(doc.get("pg_status"), notes), tuple(entries))
+
+
+def _steps(raw: Any) -> Steps | None:
+    if raw is None:
+        return None
+    doc = _obj(raw, "step")
+    seconds = _obj(doc.get("seconds"), "step.seconds")
+    buckets = tuple(_number(b, "bucket") for b in _list(seconds.get("buckets"), "buckets",
+                                                        MAX_BUCKETS))
+    counts = tuple(_int(c, "count") for c in _list(seconds.get("counts"), "counts",
+                                                   MAX_BUCKETS + 1))
+    if len(counts) != len(buckets) + 1 or list(buckets) != sorted(set(buckets)):
+        raise SchemaError("step.seconds: buckets must increase and counts have one more")
+    return Steps(steps=_int(doc.get("steps"), "steps"),
+                 tokens=_number(doc.get("tokens", 0), "tokens"),
+                 model_flops=_number(doc.get("model_flops", 0), "model_flops"),
+                 loss_nonfinite=_int(doc.get("loss_nonfinite", 0), "loss_nonfinite"),
+                 buckets=buckets, counts=counts,
+                 seconds_sum=_number(seconds.get("sum"), "seconds.sum"))
+
+
+def _memory(raw: Any) -> dict[str, int] | None:
+    """The allocator numbers we export; other memory_stats() keys are ignored."""
+    if raw is None:
+        return None
+    stats = _obj(raw, "memory")
+    return {key: _int(stats[key], f"memory.{key}") for key in MEMORY_KEYS if key in stats}
+
+
+def parse_state(data: bytes, notes: Notes) -> RankState:
+    """A reporter's state file (written every status interval)."""
+    doc = _load(data, "state")
+    status = _obj(doc.get("status") or {}, "status")
+    inflight = doc.get("inflight")
+    return RankState(
+        identity=_identity(doc.get("identity"), notes),
+        written_ns=_int(doc.get("written_ns"), "written_ns"),
+        health=_health(doc.get("reporter", {})),
+        groups=_groups(doc.get("pgs") or {}, notes) or _config_groups(status.get("pg_config"),
+                                                                       notes),
+        progress=_progress(status.get("pg_status"), notes),
+        memory=_memory(doc.get("memory")),
+        steps=_steps(doc.get("step")),
+        inflight=None if inflight is None else fr_dump(inflight, notes))
+
+
+def parse_entries(data: bytes, notes: Notes) -> RankEntries:
+    """A reporter's entries file: the whole Flight Recorder ring, sampled."""
+    doc = _load(data, "entries")
+    who = _obj(doc.get("identity"), "identity")
+    return RankEntries(job_id=_job(who.get("job_id"), notes),
+                       rank=_int(who.get("rank"), "rank", 0, MAX_RANK),
+                       pid=_int(who.get("pid"), "pid", 1, 1 << 31),
+                       written_ns=_int(doc.get("written_ns"), "written_ns"),
+                       dump=fr_dump(doc.get("dump"), notes))

@@ -1,0 +1,153 @@
+"""Runs real multi-process gloo jobs (tests/ranks/trainer.py) and the ranks collector on them.
+
+Every process started here is killed by PID when the job's context exits; every wait is
+bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import Context, Environment
+from exporter.collectors.ranks import RanksCollector
+from exporter.config import collector_options
+from exporter.sampler import render
+from exporter.sources.fs import RootedFS
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = Path(__file__).with_name("trainer.py")
+FAST = {"LLMMON_STATUS_INTERVAL": "0.1", "LLMMON_INFLIGHT_INTERVAL": "0.3",
+        "LLMMON_ENTRIES_INTERVAL": "0.3"}
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMON_", "TORCH_"))}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(FAST)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Job:
+    """`world` trainer processes; use as a context manager so they are always killed."""
+
+    tmp: Path
+    world: int
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        return self.tmp / "out"
+
+    def __enter__(self) -> Job:
+        self.out.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        for rank in range(self.world):
+            log = open(self.tmp / f"rank_{rank}.log", "wb")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, str(TRAINER), "--rank", str(rank), "--world", str(self.world),
+                 "--port", str(port), "--out", str(self.out), *self.args],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp))
+            log.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+
+    def logs(self) -> str:
+        return "\n".join((self.tmp / f"rank_{r}.log").read_text(errors="replace")[-3000:]
+                         for r in range(self.world))
+
+    def wait(self, timeout: float = 120.0) -> None:
+        """All ranks exit 0 within `timeout`."""
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"job did not finish in {timeout} s\n{self.logs()}")
+        codes = [p.returncode for p in self.procs]
+        assert codes == [0] * self.world, f"exit codes {codes}\n{self.logs()}"
+
+    def result(self, rank: int, timeout: float = 120.0) -> dict[str, Any]:
+        path = self.out / f"rank_{rank}.json"
+        wait_for(lambda: path.exists() or None, timeout, f"rank {rank} result\n{self.logs}")
+        return json.loads(path.read_text())
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str = "",
+             interval: float = 0.2) -> T:
+    """Poll until `probe` returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def ranks_config(**overrides: Any) -> dict[str, Any]:
+    """The ranks collector's configuration: option defaults, then `overrides` (parsed)."""
+    options = {o.key: o for o in collector_options(RanksCollector)}
+    config = {key: option.parse(option.default) for key, option in options.items()}
+    config.update({key: options[key].parse(value) for key, value in overrides.items()})
+    return config
+
+
+def make_collector(spool: Path, tmp: Path, **overrides: Any) -> RanksCollector:
+    overrides = {"fr_dir": str(tmp / "fr"), "pipe_dir": str(tmp / "pipe"), **overrides}
+    return RanksCollector(Environment(RootedFS("/sys"), RootedFS("/proc")),
+                          ranks_config(spool_dir=str(spool), **overrides))
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(collector: RanksCollector, now: float | None = None) -> tuple[Samples, Context, str]:
+    """One collector run through the real renderer and Prometheus' own text parser."""
+    ctx = Context()
+    families = collector.collect_at(ctx, time.time() if now is None else now)
+    text = render(families)[0].decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples, ctx, text
+
+
+def series(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Samples of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return {key: value for (n, key), value in samples.items()
+            if n == name and want <= set(key)}
+
+
+def by_rank(samples: Samples, name: str, **labels: str) -> dict[int, float]:
+    return {int(dict(key)["rank"]): value for key, value in series(samples, name,
+                                                                   **labels).items()}

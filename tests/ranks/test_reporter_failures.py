@@ -1,0 +1,99 @@
+"""Whatever is wrong with the spool, the training loop runs exactly as it does without us.
+
+Each case trains the same seeded job with the reporter on and compares the trained weights with
+a run without the reporter; the reporter must count its failures, back off and finally disable
+itself.  The read-only and full cases mount real tmpfs file systems (the tests run as root).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape
+
+FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02"}  # backoff is capped at 30 intervals
+ARGS = ["--steps", "30", "--wait-disabled", "30"]
+
+
+def train(tmp: Path, spool: Path, reporter: str = "explicit") -> dict:
+    with Job(tmp, 1, ARGS + ["--reporter", reporter],
+             base_env(LLMMON_SPOOL=str(spool), **FAST_FAILURES)) as job:
+        job.wait(120)
+        return job.result(0)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("baseline")
+    return train(tmp, tmp / "unused", reporter="off")
+
+
+@pytest.fixture
+def mounts() -> Iterator[Callable[[Path, str], Path]]:
+    """mount -t tmpfs -o OPTIONS on a directory; unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, options: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True,
+                       capture_output=True, timeout=10)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=10)
+
+
+def missing(tmp: Path, mount: Callable) -> Path:
+    return tmp / "no" / "such" / "spool"
+
+
+def not_a_directory(tmp: Path, mount: Callable) -> Path:
+    (tmp / "spool").write_text("a file where the spool should be")
+    return tmp / "spool"
+
+
+def read_only(tmp: Path, mount: Callable) -> Path:
+    return mount(tmp / "spool", "ro,size=64k")
+
+
+def full(tmp: Path, mount: Callable) -> Path:
+    # two pages: the entries soon outgrow them; on disabling, the reporter deletes its entries
+    # file, so the small state file saying why always fits
+    return mount(tmp / "spool", "size=8k")
+
+
+@pytest.mark.parametrize("make_spool, cause", [
+    (missing, "does not exist"),
+    (not_a_directory, "does not exist"),
+    (read_only, "Read-only file system"),
+    (full, "No space left on device"),
+])
+def test_a_broken_spool_never_changes_training(tmp_path: Path, baseline: dict, mounts,
+                                               make_spool: Callable, cause: str) -> None:
+    spool = make_spool(tmp_path, mounts)
+    result = train(tmp_path, spool)
+
+    assert result["checksum"] == baseline["checksum"]
+    health = result["health"]
+    assert health["errors_total"] >= 10 and cause in health["last_error"]
+    assert health["disabled"] and not health["running"]
+    assert cause in health["disabled_reason"]
+    if make_spool is full:  # it said so in its file, which the daemon reads
+        samples = scrape(make_collector(spool, tmp_path))[0]
+        assert by_rank(samples, "llmmon_reporter_disabled") == {0: 1}
+        assert by_rank(samples, "llmmon_reporter_errors_total")[0] >= 9
+
+
+def test_without_a_daemon_the_reporter_just_writes(tmp_path: Path, baseline: dict) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    result = train(tmp_path, spool)
+    assert result["checksum"] == baseline["checksum"]
+    assert result["health"]["errors_total"] == 0 and result["health"]["running"]
+    assert len(list(spool.rglob("rank_0.*.json"))) == 2

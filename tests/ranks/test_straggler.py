@@ -1,0 +1,32 @@
+"""A straggler: rank 1 sleeps before every collective, so it enqueues each one late."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, wait_for
+
+DELAY = 0.1
+
+
+def test_the_late_rank_has_the_enqueue_lag(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    collector = make_collector(spool, tmp_path)
+    args = ["--steps", "10", "--behaviour", "straggler", "--culprit", "1",
+            "--sleep", str(DELAY), "--hold", "20"]
+    with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool))) as job:
+        for rank in range(3):
+            job.result(rank)
+
+        def lag_of_last_step() -> dict[int, float] | None:
+            samples = scrape(collector)[0]
+            done = by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0")
+            lag = by_rank(samples, "llmmon_nccl_enqueue_lag_seconds", pg="0")
+            return lag if done == {0: 20, 1: 20, 2: 20} and len(lag) == 3 else None
+
+        lag = wait_for(lag_of_last_step, 30, "the enqueue lag of all three ranks")
+
+    assert max(lag, key=lag.__getitem__) == 1
+    assert lag[1] > DELAY / 2
+    assert abs(lag[0]) < DELAY / 4 and abs(lag[2]) < DELAY / 4

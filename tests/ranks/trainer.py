@@ -1,0 +1,105 @@
+"""A small gloo training job for the reporter tests: real model, real collectives, real reporter.
+
+One process per rank:  python trainer.py --rank R --world W --port P --out DIR [options]
+It writes DIR/rank_R.json (checksum of the trained weights, the reporter's health, the
+Flight Recorder environment it saw), then keeps running for --hold seconds so the reporter
+keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives), straggler
+(the culprit sleeps before each collective), exit (the culprit leaves early).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+ENV_SEEN = ("LLMMON_JOB", "LLMMON_SPOOL", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+            "LLMMON_REPORTER_PID")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
+    parser.add_argument("--world", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    parser.add_argument("--port", type=int, default=0, help="0: use MASTER_ADDR/PORT (torchrun)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--reporter", choices=("explicit", "auto", "off"), default="explicit")
+    parser.add_argument("--behaviour", choices=("healthy", "hang", "straggler", "exit"),
+                        default="healthy")
+    parser.add_argument("--culprit", type=int, default=-1)
+    parser.add_argument("--compute", type=float, default=0.0, help="seconds of 'compute' a step")
+    parser.add_argument("--sleep", type=float, default=0.0,
+                        help="straggler delay before each all_reduce")
+    parser.add_argument("--nan-at", type=int, default=-1, help="report a NaN loss at this step")
+    parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--wait-disabled", type=float, default=0.0,
+                        help="after training, wait this long for the reporter to disable itself")
+    parser.add_argument("--timeout", type=float, default=120.0, help="gloo timeout")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    reporter = None
+    if args.reporter != "off":
+        from exporter import reporter  # type: ignore[no-redef]
+        if args.reporter == "explicit":
+            reporter.start()
+    init = f"tcp://127.0.0.1:{args.port}" if args.port else "env://"
+    dist.init_process_group("gloo", init_method=init, rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    pair = dist.new_group([0, 1], group_desc="pair") if args.world > 1 else None
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    culprit = args.rank == args.culprit
+    for step in range(args.steps):
+        if step == args.steps // 2 and (args.behaviour == "exit" or
+                                        (culprit and args.behaviour == "hang")):
+            break  # hang: the culprit never issues this step's collectives; exit: all stop
+        data = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + args.rank))
+        loss = model(data).pow(2).mean()
+        time.sleep(args.compute)
+        optimiser.zero_grad()
+        loss.backward()
+        for param in model.parameters():
+            if culprit and args.behaviour == "straggler":
+                time.sleep(args.sleep)  # late to every collective
+            grad = param.grad.to(torch.bfloat16)
+            dist.all_reduce(grad)
+            param.grad.copy_(grad / args.world)
+        if pair is not None and args.rank in (0, 1):
+            gathered = torch.empty(2 * 16)
+            dist.all_gather_into_tensor(gathered, torch.full((16,), float(step)), group=pair)
+        optimiser.step()
+        if reporter is not None:
+            reported = float("nan") if step == args.nan_at else loss.detach()
+            reporter.step(tokens=32, loss=reported, model_flops=6 * 64 * 64 * 32)
+    health: dict = {}
+    if reporter is not None:
+        reporter.flush()
+        deadline = time.monotonic() + args.wait_disabled
+        while time.monotonic() < deadline and not reporter.health().get("disabled"):
+            time.sleep(0.05)
+        health = reporter.health()
+    result = {"rank": args.rank, "pid": os.getpid(),
+              "checksum": float(sum(p.detach().double().sum() for p in model.parameters())),
+              "health": health, "env": {k: os.environ.get(k) for k in ENV_SEEN}}
+    with open(os.path.join(args.out, f"rank_{args.rank}.json"), "w") as handle:
+        json.dump(result, handle)
+    if culprit and args.behaviour == "exit":
+        os._exit(0)  # gone without a goodbye, as a crashed rank would be
+    time.sleep(args.hold)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
