@@ -1,8 +1,10 @@
 """`llmmon diagnose`: verdicts with their evidence, one branch of the triage tree at a time.
 
-Each branch of DESIGN.md §1 is a `Branch`: it adds its own flags, gathers its evidence and
-returns findings.  `--<branch>` selects branches (all when none is named).  Exit status: 0 when
-nothing is critical, 1 when something is, 2 when the evidence could not be read.
+By default it walks the whole decision tree of DESIGN.md §1 (exporter.diagnose: this node's
+daemon, or the cluster with `--prometheus`; `--precision` ... `--network` restrict it).  Each
+`Branch` here adds its own flags, gathers its own evidence and returns findings; `--<branch>`
+prints those instead of the tree.  Exit status: 0 when nothing is critical or suspect, 1 when
+something is, 2 when the evidence could not be read.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from exporter import ranks_dumps, ranks_hang
+from exporter.diagnose import command as tree
 from exporter.ranks_ingest import SpoolIngest
 from exporter.ranks_ledger import Ledger
 from exporter.reporter.layout import DEFAULT_PIPE_DIR
@@ -124,7 +127,9 @@ def render(findings: list[Finding]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    selected = [b for b in BRANCHES if getattr(args, f"branch_{b.name}")] or list(BRANCHES)
+    selected = [b for b in BRANCHES if getattr(args, f"branch_{b.name}")]
+    if not selected:
+        return tree.run(args)
     findings: list[Finding] = []
     try:
         for branch in selected:
@@ -143,11 +148,15 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "diagnose", help="Walk the triage tree and print each verdict with its evidence.",
-        description="Print verdicts with their evidence. Branches: "
+        description="Walk the triage decision tree (precision, memory, input starvation, "
+        "distributed hang, thermal throttling, network checklist) and print each verdict with "
+        "its evidence and runbook. Instead of the tree: "
         + "; ".join(f"--{b.name}: {b.help}" for b in BRANCHES))
     parser.add_argument("--url", default="http://127.0.0.1:9476",
                         help="A running llmmon daemon (default: %(default)s).")
-    parser.add_argument("--json", action="store_true", help="Print findings as JSON.")
+    parser.add_argument("--json", action="store_true",
+                        help="Print the report (with --ranks: the findings) as JSON.")
+    tree.add_arguments(parser)
     for branch in BRANCHES:
         parser.add_argument(f"--{branch.name}", dest=f"branch_{branch.name}",
                             action="store_true", help=branch.help)
