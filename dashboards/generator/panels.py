@@ -8,6 +8,7 @@ description, refIds, and an explicit size on the 24-column grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from string import ascii_uppercase
 from typing import Iterable, Sequence
 
 from grafana_foundation_sdk.builders import common as cb
@@ -76,7 +77,7 @@ def link(title: str, url: str) -> db.DashboardLink:
 
 def _targets(queries: Iterable[Query], instant: bool, table: bool) -> list[prom.Dataquery]:
     targets = []
-    for ref, query in zip("ABCDEFGHIJ", queries, strict=False):
+    for ref, query in zip(ascii_uppercase, queries):
         target = (prom.Dataquery().ref_id(ref).datasource(DATASOURCE).expr(query.expr)
                   .legend_format(query.legend or "__auto"))
         if instant:
