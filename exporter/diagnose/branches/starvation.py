@@ -99,7 +99,7 @@ def disk_reads(view: View, t: Thresholds) -> Outcome:
         iops = reads[where].value if where in reads else 0.0
         rate = volume[where].value if where in volume else 0.0
         item = d.evidence(sample, ("device",), f"{sample.get('device')}{d.on_node(sample)}: reads "
-                          f"take {d.seconds(sample.value)} at {iops:.0f} reads/s "
+                          f"take {d.seconds(sample.value)} at {iops:.3g} reads/s "
                           f"({d.size(rate, 'B/s')})", read_latency_seconds=sample.value,
                           reads_per_second=iops, read_bytes_per_second=rate)
         rows.append((sample.value > t.disk_read_latency_seconds

@@ -2,8 +2,8 @@
 # `llmmon diagnose` on a real H200: the starvation and thermal branches judged from real NVML.
 # llmmon serve runs every default collector on the machine while bench/h200/matmul_load.py
 # drives the GPU through a sustained bf16 matmul and a starved phase (0.4 s on / 0.6 s off);
-# the tree is judged over an 8 s window inside each phase (two scrapes of /metrics, as
-# `llmmon diagnose --scrape` does).  Expected: power_dips ok under matmul, suspect when starved.
+# `llmmon diagnose --scrape --interval 8` judges the tree over an 8 s window inside each
+# phase.  Expected: power_dips ok under matmul, suspect when starved.
 #
 #   OUT=/tmp/out bash tests/diagnose/h200/check.sh                 # on the GPU machine (~90 s)
 #   DRY_RUN=1 OUT=/tmp/out bash tests/diagnose/h200/check.sh       # no GPU: replayed H200
@@ -58,19 +58,11 @@ wait_phase() {  # until matmul_load.py logs the start of phase $1 (at most 60 s)
   echo "phase $1 never started"; return 1
 }
 
-judge() {  # the tree over two scrapes 8 s apart, as text and JSON
-  python3 - "$URL" "$OUT/$1" <<'PY'
-import argparse, json, sys
-from exporter.diagnose import command, render
-url, stem = sys.argv[1], sys.argv[2]
-args = argparse.Namespace(url=url, prometheus=None, interval=8.0, scrape=True,
-                          alerts_config=None, json=True,
-                          **{f"tree_{b}": False for b in ("precision", "memory", "starvation",
-                                                          "hang", "thermal", "network")})
-report = command.report(args)
-open(stem + ".json", "w").write(json.dumps(report, indent=1))
-open(stem + ".txt", "w").write(render.text(report))
-PY
+judge() {  # `llmmon diagnose` over two scrapes 8 s apart, as JSON and as text
+  python3 -m exporter diagnose --url "$URL" --scrape --interval 8 --json > "$OUT/$1.json"
+  echo "llmmon diagnose exit status $? ($1)"
+  python3 -c 'import json, sys; from exporter.diagnose import render
+print(render.text(json.load(open(sys.argv[1]))))' "$OUT/$1.json" > "$OUT/$1.txt"
 }
 
 wait_phase matmul && sleep 3 && step "judge the sustained matmul" && judge matmul
