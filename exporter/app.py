@@ -61,7 +61,8 @@ def create_app(sampler: Sampler, collectors: list[Collector],
             "text-align:left}.ok{color:green}.failed{color:#b00}.empty{color:gray}</style>"
             f"</head><body><h1>llmmon exporter {html.escape(__version__)}</h1>"
             f"<p><a href='{path}'>Metrics</a> · <a href='/api/v1/collectors'>"
-            "Collectors (JSON)</a> · <a href='/healthz'>Health</a></p>"
+            "Collectors (JSON)</a> · <a href='/api/v1/diagnose'>Diagnosis (JSON)</a> · "
+            "<a href='/healthz'>Health</a></p>"
             "<table><tr><th>collector</th><th>status</th><th>detail</th><th>series</th></tr>"
             f"{rows}</table></body></html>")
 

@@ -42,11 +42,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"llmmon serve: {exc}", file=sys.stderr)
         return 2
     daemon.sampler.start()
+    daemon.diagnoser.start()
     log.info("listening on %s:%d, metrics at %s", host, port, settings["web.telemetry_path"])
     server = uvicorn.Server(config)
     try:
         server.run()
     finally:
+        daemon.diagnoser.stop()
         daemon.sampler.stop()
     return 0 if server.started else 1
 

@@ -12,6 +12,7 @@ from exporter.app import create_app
 from exporter.collector import Collector, Environment
 from exporter.collectors import discover
 from exporter.config import Settings
+from exporter.diagnose import Diagnoser
 from exporter.sampler import Sampler
 from exporter.sources.fs import RootedFS
 
@@ -23,6 +24,7 @@ class Daemon:
     collectors: list[Collector]
     sampler: Sampler
     app: FastAPI
+    diagnoser: Diagnoser
 
 
 def build(settings: Settings) -> Daemon:
@@ -38,7 +40,9 @@ def build(settings: Settings) -> Daemon:
     log.info("collectors enabled: %s", ", ".join(c.name for c in collectors) or "none")
     sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"])
     app = create_app(sampler, collectors, settings["web.telemetry_path"])
-    return Daemon(collectors, sampler, app)
+    diagnoser = Diagnoser(sampler)
+    diagnoser.mount(app)  # GET /api/v1/diagnose
+    return Daemon(collectors, sampler, app, diagnoser)
 
 
 def split_listen_address(address: str) -> tuple[str, int]:

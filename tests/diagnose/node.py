@@ -88,7 +88,7 @@ class Node:
         settings = build_settings(build_parser().parse_args(["serve", *self.args(), *extra]),
                                   discover())
         self.daemon = build(settings)
-        self.diagnoser = Diagnoser(self.daemon.sampler)
+        self.diagnoser = self.daemon.diagnoser  # the daemon's own, mounted on its app
         self.daemon.sampler.start()
         assert self.daemon.sampler.wait_first_cycle(SETTLE_TIMEOUT)
         return self

@@ -25,7 +25,6 @@ def _valid(document: dict) -> None:
 def test_endpoint_serves_the_report(node) -> None:
     started = node().start()
     diagnoser = started.diagnoser
-    diagnoser.mount(started.daemon.app)
     started.observe()
     time.sleep(1.0)
     started.observe()
