@@ -8,6 +8,7 @@ all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, and 1 otherwi
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -25,12 +26,14 @@ _FAMILIES = (("allreduce", "all_reduce"), ("allgather", "all_gather"),
              ("reducescatter", "reduce_scatter"), ("alltoall", "all_to_all"))
 
 
+@functools.lru_cache(maxsize=256)
 def family(coll: str) -> str:
     """all_reduce, all_gather, reduce_scatter, all_to_all or other, from a profiling name."""
     flat = coll.replace("_", "")
     return next((name for key, name in _FAMILIES if key in flat), "other")
 
 
+@functools.lru_cache(maxsize=256)
 def coll_name(profiling_name: str) -> str:
     """`nccl:_all_gather_base` -> `_all_gather_base`: the backend prefix is not the operation."""
     return profiling_name.rpartition(":")[2].lower()

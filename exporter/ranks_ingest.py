@@ -112,7 +112,9 @@ class SpoolIngest:
         cached = self._entries.get(spool_file.path)
         if cached is not None and cached.stamp == spool_file.stamp:
             return  # already counted this version
-        entries = self._parse(self._entries, spool_file, parse_entries, result)
+        known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
+        entries = self._parse(self._entries, spool_file,
+                              lambda data, notes: parse_entries(data, notes, known), result)
         if entries is None:
             return
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,

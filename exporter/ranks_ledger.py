@@ -98,13 +98,12 @@ class RankTrack:
 
     def count(self, dump: FrDump) -> None:
         """Add every finished record not counted before to the byte and duration counters."""
-        ids = [entry.record_id for entry in dump.entries]
-        if not ids:
+        first = dump.first_record
+        if first < 0:
             return
-        first = min(ids)
         if self.max_record_id >= 0 and first > self.max_record_id + 1:
             self.missed += first - self.max_record_id - 1  # the ring wrapped between reads
-        self.max_record_id = max(self.max_record_id, max(ids))
+        self.max_record_id = max(self.max_record_id, dump.last_record)
         self.counted = {record for record in self.counted if record >= first}
         groups = self.groups()
         for entry in dump.entries:
@@ -177,6 +176,11 @@ class Ledger:
         if state.inflight is not None:
             track.index_dump(state.inflight)
         return True
+
+    def counted(self, job_id: str, rank: int, pid: int) -> set[int]:
+        """Record ids already counted for this process: its next dump need not parse them."""
+        track = self.tracks.get((job_id, rank))
+        return track.counted if track is not None and track.pid == pid else set()
 
     def observe_entries(self, entries: RankEntries) -> None:
         track = self.tracks.get((entries.job_id, entries.rank))

@@ -8,12 +8,13 @@ length.  Every drop and every sanitised value is noted, so the collector can cou
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Container, NamedTuple
 
 from exporter import ranks_collectives
 from exporter.reporter.flight import ranges
@@ -104,11 +105,16 @@ def _str(value: Any, what: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
+def _clean(field: str, text: str) -> str:
+    pattern, limit = LABEL_RULES[field]
+    return pattern.sub("_", text)[:limit]
+
+
 def label(value: Any, field: str, notes: Notes) -> str:
     """A string made safe as the value of label `field` (counted when it had to change)."""
     text = _str(value, field)
-    pattern, limit = LABEL_RULES[field]
-    cleaned = pattern.sub("_", text)[:limit]
+    cleaned = _clean(field, text)
     if cleaned != text:
         notes.sanitised[field] += 1
     return cleaned
@@ -168,8 +174,9 @@ class Steps:
     seconds_sum: float
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(NamedTuple):
+    """One Flight Recorder entry (a tuple: tens of thousands are built per spool read)."""
+
     record_id: int
     pg: str
     seq: int
@@ -188,6 +195,8 @@ class FrDump:
     groups: dict[str, Group]
     progress: dict[str, Progress]
     entries: tuple[Collective, ...]
+    first_record: int = -1  # record ids the ring held, parsed or not (-1: no entries)
+    last_record: int = -1
 
 
 @dataclass(frozen=True)
@@ -320,11 +329,18 @@ def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
     return progress
 
 
-def _tensors(sizes: Any, dtypes: Any, what: str) -> tuple[list[list[int]], list[str]]:
-    shapes = [[_int(d, f"{what} dim", 0, 1 << 40) for d in _list(s, f"{what} shape", MAX_DIMS)]
-              for s in _list(sizes, f"{what}_sizes", MAX_TENSORS)]
-    names = [_str(d, f"{what}_dtypes") for d in _list(dtypes, f"{what}_dtypes", MAX_TENSORS)]
+def _tensors(sizes: Any, dtypes: Any, what: tuple[str, str, str, str]
+             ) -> tuple[list[list[int]], list[str]]:
+    """Shapes and dtype names; `what` names the sizes list, a shape, a dim and the dtypes."""
+    shapes = [[_int(d, what[2], 0, 1 << 40) for d in _list(s, what[1], MAX_DIMS)]
+              for s in _list(sizes, what[0], MAX_TENSORS)]
+    names = [_str(d, what[3]) for d in _list(dtypes, what[3], MAX_TENSORS)]
     return shapes, names
+
+
+_INPUT = ("input_sizes", "input shape", "input dim", "input_dtypes")
+_OUTPUT = ("output_sizes", "output shape", "output dim", "output_dtypes")
+_STATES = frozenset(("scheduled", "started", "completed"))
 
 
 def collective(raw: Any, notes: Notes) -> Collective:
@@ -339,8 +355,9 @@ def collective(raw: Any, notes: Notes) -> Collective:
     seq = _int(entry.get("p2p_seq_id" if is_p2p else "collective_seq_id"), "seq", -1)
     coll = label(ranks_collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")),
                  "coll", notes)
-    inputs = _tensors(entry.get("input_sizes", []), entry.get("input_dtypes", []), "input")
-    outputs = _tensors(entry.get("output_sizes", []), entry.get("output_dtypes", []), "output")
+    inputs = _tensors(entry.get("input_sizes", []), entry.get("input_dtypes", []), _INPUT)
+    outputs = _tensors(entry.get("output_sizes", []), entry.get("output_dtypes", []), _OUTPUT)
+    state = entry.get("state", "")
     nbytes, dtype = ranks_collectives.payload(coll, inputs, outputs)
     duration_ms = entry.get("duration_ms")
     return Collective(
@@ -349,20 +366,27 @@ def collective(raw: Any, notes: Notes) -> Collective:
         dtype=label(dtype, "dtype", notes), nbytes=nbytes,
         created_ns=_int(entry.get("time_created_ns"), "time_created_ns"),
         duration=None if duration_ms is None else _number(duration_ms, "duration_ms") / 1000,
-        state=text(entry.get("state", ""), "state")[:16],
+        state=state if state in _STATES else text(state, "state")[:16],
         retired=_bool(entry.get("retired", False), "retired"))
 
 
-def fr_dump(raw: Any, notes: Notes) -> FrDump:
+def fr_dump(raw: Any, notes: Notes, known: Container[int] = ()) -> FrDump:
+    """A dump; entries whose record_id is in `known` (counted before) are not parsed again."""
     doc = _obj(raw, "dump")
-    entries = []
+    entries, ids = [], []
     for item in _list(doc.get("entries", []), "entries", MAX_ENTRIES):
+        record = item.get("record_id") if isinstance(item, dict) else None
+        if isinstance(record, int) and not isinstance(record, bool) and record >= 0:
+            ids.append(record)
+            if record in known:
+                continue
         try:
             entries.append(collective(item, notes))
         except SchemaError as exc:
             notes.drop(f"entry: {exc}")
     return FrDump(_config_groups(doc.get("pg_config"), notes),
-                  _progress(doc.get("pg_status"), notes), tuple(entries))
+                  _progress(doc.get("pg_status"), notes), tuple(entries),
+                  min(ids, default=-1), max(ids, default=-1))
 
 
 def _steps(raw: Any) -> Steps | None:
@@ -409,7 +433,7 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         inflight=None if inflight is None else fr_dump(inflight, notes))
 
 
-def parse_entries(data: bytes, notes: Notes) -> RankEntries:
+def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:
     """A reporter's entries file: the whole Flight Recorder ring, sampled."""
     doc = _load(data, "entries")
     who = _obj(doc.get("identity"), "identity")
@@ -417,4 +441,4 @@ def parse_entries(data: bytes, notes: Notes) -> RankEntries:
                        rank=_int(who.get("rank"), "rank", 0, MAX_RANK),
                        pid=_int(who.get("pid"), "pid", 1, 1 << 31),
                        written_ns=_int(doc.get("written_ns"), "written_ns"),
-                       dump=fr_dump(doc.get("dump"), notes))
+                       dump=fr_dump(doc.get("dump"), notes, known))

@@ -177,7 +177,7 @@ class Reporter:
                 serving = self._force_requested
             delay = self.cadence.status
             try:
-                self._tick(serving > self._force_served)
+                self.tick(serving > self._force_served)
                 self.failures = 0
             except Exception as exc:  # the trainer must never see our problems
                 delay = self._failed(exc)
@@ -222,7 +222,11 @@ class Reporter:
             self.last_error = f"dump pipe: {exc}"[:500]
         return session
 
-    def _tick(self, force: bool) -> None:
+    def tick(self, force: bool = False) -> None:
+        """The thread's loop body: read what is due and write the files (raises on failure).
+
+        Benchmarks call it on their own thread, with the thread not started.
+        """
         session = self._session or self._connect()
         if session is None:
             return  # the job has not initialised torch.distributed yet

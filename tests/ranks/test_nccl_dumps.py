@@ -119,3 +119,30 @@ def test_the_fixture_spools_are_what_the_deriver_writes(tmp_path: Path) -> None:
         if "nccl4" in path.parts or "h200" in path.parts:
             copy = work / path.relative_to(ROOT)
             assert copy.read_bytes() == path.read_bytes(), path
+
+
+def test_overlapping_dumps_count_each_record_once_and_ring_wraps_are_counted(
+        tmp_path: Path) -> None:
+    """Successive entries files of one process: overlaps skipped, gaps counted as missed."""
+    spool, now = staged(tmp_path, "h200")
+    collector = make_collector(spool, tmp_path)
+    entries_file = next(spool.rglob("*.entries.json"))
+    document = json.loads(entries_file.read_text())
+    template = CAPTURE["entries_head"][0]
+
+    def ring(first: int, last: int) -> None:
+        document["dump"]["entries"] = [
+            dict(template, record_id=r, collective_seq_id=r + 1, retired=True)
+            for r in range(first, last + 1)]
+        document["dump"]["pg_status"]["0"]["last_completed_collective"] = last + 1
+        entries_file.write_text(json.dumps(document))
+        os.utime(entries_file, (now - 1, now - 1 + (first + last) / 1e6))  # a new version
+
+    counts = []
+    for first, last in ((0, 9), (5, 14), (30, 39)):
+        ring(first, last)
+        samples = scrape(collector, now)[0]
+        counts.append((by_rank(samples, "llmmon_nccl_collective_duration_seconds_count",
+                               pg="0")[0],
+                       by_rank(samples, "llmmon_nccl_entries_missed_total")[0]))
+    assert counts == [(10, 0), (15, 0), (25, 15)]

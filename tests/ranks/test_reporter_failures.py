@@ -16,12 +16,11 @@ import pytest
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape
 
 FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02"}  # backoff is capped at 30 intervals
-ARGS = ["--steps", "30", "--wait-disabled", "30"]
 
 
-def train(tmp: Path, spool: Path, reporter: str = "explicit") -> dict:
-    with Job(tmp, 1, ARGS + ["--reporter", reporter],
-             base_env(LLMMON_SPOOL=str(spool), **FAST_FAILURES)) as job:
+def train(tmp: Path, spool: Path, reporter: str = "explicit", wait_disabled: int = 0) -> dict:
+    args = ["--steps", "30", "--reporter", reporter, "--wait-disabled", str(wait_disabled)]
+    with Job(tmp, 1, args, base_env(LLMMON_SPOOL=str(spool), **FAST_FAILURES)) as job:
         job.wait(120)
         return job.result(0)
 
@@ -77,7 +76,7 @@ def full(tmp: Path, mount: Callable) -> Path:
 def test_a_broken_spool_never_changes_training(tmp_path: Path, baseline: dict, mounts,
                                                make_spool: Callable, cause: str) -> None:
     spool = make_spool(tmp_path, mounts)
-    result = train(tmp_path, spool)
+    result = train(tmp_path, spool, wait_disabled=30)
 
     assert result["checksum"] == baseline["checksum"]
     health = result["health"]

@@ -1,0 +1,129 @@
+"""Training-loop overhead of the reporter: steps per second with and without it, side by side.
+
+A CPU gloo job (--world ranks, one thread each) trains a Linear(1024, 1024) with an all_reduce
+of the bf16 gradients every step.  The same processes alternate phases without and with a
+reporter thread (default cadences: status 1 s, in-flight 5 s, entries 20 s, so each 20 s "on"
+phase holds one or two full Flight Recorder dumps of the 2000-entry ring); every phase runs
+the same number of steps, calibrated first.  Prints a table, writes bench/results/
+reporter_overhead.json.  Target: under 0.5 %.
+
+    python bench/reporter_overhead.py [--phases 8] [--phase-seconds 20] [--world 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from exporter.reporter.stepstats import StepStats
+    from exporter.reporter.worker import Cadence, Reporter
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                            rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=600))
+    model = torch.nn.Linear(1024, 1024)
+    data = torch.randn(64, 1024)
+    steps = StepStats()
+
+    def train(count: int) -> float:
+        started = time.perf_counter()
+        for _ in range(count):
+            model.zero_grad()
+            model(data).pow(2).mean().backward()
+            for param in model.parameters():
+                grad = param.grad.to(torch.bfloat16)
+                dist.all_reduce(grad)
+                param.grad.copy_(grad)
+            steps.step(tokens=64)
+        return time.perf_counter() - started
+
+    # calibrate: rank 0 decides how many steps make one phase
+    rate = 200 / train(200)
+    count = torch.tensor([int(rate * args.phase_seconds)])
+    dist.broadcast(count, 0)
+    phases = []
+    for phase in range(args.phases):
+        on = phase % 2 == 1
+        reporter = Reporter(args.spool, Cadence(), steps) if on else None
+        if reporter is not None:
+            reporter.start()
+        elapsed = train(int(count))
+        if reporter is not None:
+            reporter.stop()
+            assert reporter.errors_total == 0, reporter.last_error
+        phases.append({"reporter": on, "steps": int(count), "steps_per_second": count / elapsed})
+    if args.rank == 0:
+        print(json.dumps([{k: float(v) if k == "steps_per_second" else v for k, v in p.items()}
+                          for p in phases]))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--phases", type=int, default=8)
+    parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--spool", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as spool:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--rank", str(rank), "--world",
+             str(args.world), "--port", str(port), "--spool", spool, "--phases",
+             str(args.phases), "--phase-seconds", str(args.phase_seconds)],
+            env=env, stdout=subprocess.PIPE, text=True) for rank in range(args.world)]
+        try:
+            out = procs[0].communicate(timeout=args.phases * args.phase_seconds * 3 + 120)[0]
+            for proc in procs[1:]:
+                proc.wait(timeout=60)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+    phases = json.loads(out.strip().splitlines()[-1])
+    off = [p["steps_per_second"] for p in phases if not p["reporter"]]
+    on = [p["steps_per_second"] for p in phases if p["reporter"]]
+    overhead = (statistics.median(off) - statistics.median(on)) / statistics.median(off) * 100
+    print(f"{'phase':>5} {'reporter':>8} {'steps':>7} {'steps/s':>9}")
+    for number, phase in enumerate(phases):
+        print(f"{number:>5} {'on' if phase['reporter'] else 'off':>8} {phase['steps']:>7} "
+              f"{phase['steps_per_second']:>9.2f}")
+    print(f"median steps/s without {statistics.median(off):.2f}, with "
+          f"{statistics.median(on):.2f}: overhead {overhead:+.2f} % "
+          f"(phase spread without: {min(off):.2f}-{max(off):.2f})")
+    results = ROOT / "bench" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "reporter_overhead.json").write_text(json.dumps(
+        {"world": args.world, "phase_seconds": args.phase_seconds, "phases": phases,
+         "median_without": statistics.median(off), "median_with": statistics.median(on),
+         "overhead_percent": overhead}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
