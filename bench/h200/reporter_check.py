@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import math
 import os
@@ -116,7 +117,7 @@ def worker(work: Path, port: int, dry_run: bool) -> None:
     props = None if dry_run else torch.cuda.get_device_properties(0)
     result = {
         "torch": torch.__version__, "dry_run": dry_run,
-        "nccl": "" if dry_run else ".".join(map(str, torch.cuda.nccl.version())),
+        "nccl": "" if dry_run else str(torch.cuda.nccl.version()),
         "device": props.name if props else "cpu",
         "torch_uuid": str(getattr(props, "uuid", "")), "phases": phases, "flushed": flushed,
         "memory_stats": {key: stats.get(key) for key in layout.MEMORY_KEYS},
@@ -124,6 +125,8 @@ def worker(work: Path, port: int, dry_run: bool) -> None:
         "nan_losses": sum(p["reporter"] for p in phases),  # one at NAN_STEP of each such phase
         "param_numels": [p.numel() for p in model.parameters()],
     }
+    result["health"] = reporter.health()
+    (work / "worker.json").write_text(json.dumps(result))  # in case the dump hangs
     # the daemon's request, through the dump pipe (ProcessGroupNCCL's; the reporter's on gloo)
     started = time.monotonic()
     result["dump_request"] = ranks_dumps.request(str(work / "pipe"), JOB, [0])
@@ -174,24 +177,24 @@ def run_worker(work: Path, out: Path, dry_run: bool) -> dict[str, Any]:
 
 
 def prometheus_available() -> bool:
-    try:
-        import prometheus_client  # noqa: F401
-        return True
-    except ImportError:
-        wheels = ROOT / ".device" / "wheels"
-        if not list(wheels.glob("prometheus_client-*.whl")):
-            return False
+    """prometheus_client, from .device/wheels if the machine lacks it; False if neither."""
+    def importable() -> bool:
         try:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                            "--find-links", str(wheels), "prometheus-client"],
-                           capture_output=True, timeout=60, check=False)
-        except subprocess.TimeoutExpired:
+            importlib.import_module("prometheus_client")
+            return True
+        except ImportError:
             return False
+
+    wheels = ROOT / ".device" / "wheels"
+    if importable() or not list(wheels.glob("prometheus_client-*.whl")):
+        return importable()
     try:
-        import prometheus_client  # noqa: F401,F811
-        return True
-    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                        "--find-links", str(wheels), "prometheus-client"],
+                       capture_output=True, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
         return False
+    return importable()
 
 
 def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], float], Any]:

@@ -7,6 +7,7 @@ progress for `dump_after`, asks its ranks for a Flight Recorder dump through the
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -23,6 +24,7 @@ from exporter.ranks_ledger import DURATION_BUCKETS, Ledger, RankTrack
 from exporter.reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
 from exporter.sources.spool import SpoolSource
 
+log = logging.getLogger("llmmon.ranks")
 RANK = ("job_id", "rank")
 PG = RANK + ("pg",)
 COLL = PG + ("coll",)
@@ -206,15 +208,14 @@ class RanksCollector(Collector):
         for job in evidence["jobs"]:
             for group in job["groups"]:
                 stuck = (job["job_id"], group["pg"], group["last_completed"])
-                if (not self.config["auto_dump"] or group["op"] is None or stuck in self._dumped
+                if (not self.config["auto_dump"] or not group["stalled"] or stuck in self._dumped
                         or group["stalled_seconds"] < self.config["dump_after"]):
                     continue
                 self._dumped.add(stuck)
                 ranks = [r["rank"] for r in job["ranks"]]
                 results = ranks_dumps.request(self.config["pipe_dir"], job["job_id"], ranks)
                 self._dumps_requested[job["job_id"]] += 1
-                ctx.error(f"dump:{job['job_id']}", f"{group['summary']}; requested a Flight "
-                          f"Recorder dump: {results}")
+                log.warning("%s; requested a Flight Recorder dump: %s", group["summary"], results)
         live = {job["job_id"] for job in evidence["jobs"]}
         self._dumped = {key for key in self._dumped if key[0] in live}
         try:

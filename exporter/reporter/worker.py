@@ -81,7 +81,8 @@ class _Session:
         self.device: int | None = None
         self.pgs: dict[str, dict[str, Any]] = {}
         self._pg_count = -1
-        dump_prefix = env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        dump_prefix = (env.get("TORCH_FR_DUMP_TEMP_FILE")
+                       or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
         self.dump_path = f"{dump_prefix}{rank}.json" if dump_prefix else None
         self.pipe: DumpPipe | None = None
 
@@ -108,6 +109,9 @@ class _Session:
 
 
 class Reporter:
+    """One reporter thread writing into `spool`; `exporter.reporter.start()` makes one per
+    process (benchmarks build their own to switch it on and off)."""
+
     def __init__(self, spool: str, cadence: Cadence, steps: StepStats,
                  env: Mapping[str, str] | None = None) -> None:
         self.spool = spool

@@ -1,4 +1,4 @@
-"""`llmmon launch`: the environment it sets, and a real torchrun job reporting with no code change."""
+"""`llmmon launch`: the environment it sets; a real torchrun job reporting with no code change."""
 
 from __future__ import annotations
 
