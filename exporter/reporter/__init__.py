@@ -11,6 +11,7 @@ starts waits until the job itself has initialised torch.distributed.  No functio
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ def start(spool: str | None = None) -> bool:
                 # workers) see another pid here and do not start a second reporter.
                 env["LLMMON_REPORTER_PID"] = str(os.getpid())
                 _reporter.start()
+                atexit.register(_reporter.close)
             return _reporter.health()["running"]
     except Exception:
         log.debug("llmmon reporter did not start", exc_info=True)

@@ -147,6 +147,13 @@ class Reporter:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def close(self) -> None:
+        """At a clean exit: stop, and delete the (large) entries file; the small state file
+        stays, so the daemon reports the rank stale and then drops it (and its file)."""
+        self.stop(1.0)
+        if self._session is not None and not self._thread.is_alive():
+            spoolfile.remove(self._session.dir, self._session.entries_name)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Run a full tick (entries included) now; True once one finished in time."""
         with self._cycle:
