@@ -72,8 +72,8 @@ def _group_json(job: str, pg: str, members: list[RankTrack], now: float, stale_a
         "enqueued": {str(r): p.enqueued for r, p in sorted(progress.items())},
         "completed": {str(r): p.completed for r, p in sorted(progress.items())},
         "last_completed": frontier - 1,
-        "waiting": waiting if op else [],
-        "behind": behind if op else [],
+        "waiting": waiting,
+        "behind": behind if waiting else [],  # nobody waits: a rank behind is just idle
         "stale": stale,
         "op": op,
         "no_progress_seconds": round(since, 3),
