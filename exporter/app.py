@@ -69,6 +69,8 @@ def create_app(sampler: Sampler, collectors: list[Collector],
     for collector in collectors:
         for key, handler in collector.api().items():
             _mount_json(app, f"/api/v1/{key}", handler)
+        for key, action in collector.actions().items():
+            _mount_action(app, f"/api/v1/{key}", action)
     return app
 
 
@@ -77,3 +79,13 @@ def _mount_json(app: FastAPI, path: str, handler: Callable[[], Any]) -> None:
         return JSONResponse(handler())
 
     app.add_api_route(path, endpoint, methods=["GET"])
+
+
+def _mount_action(app: FastAPI, path: str, action: Callable[[dict[str, str]], Any]) -> None:
+    def endpoint(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(action(dict(request.query_params)))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    app.add_api_route(path, endpoint, methods=["POST"])

@@ -93,5 +93,11 @@ class Collector:
         raise NotImplementedError
 
     def api(self) -> dict[str, Callable[[], Any]]:
-        """Extra JSON endpoints, mounted at /api/v1/<key>."""
+        """Extra JSON endpoints, mounted at GET /api/v1/<key>."""
+        return {}
+
+    def actions(self) -> dict[str, Callable[[dict[str, str]], Any]]:
+        """Side-effecting endpoints, mounted at POST /api/v1/<key>; they get the query.
+
+        Raising ValueError answers 400 with its message (a bad or unknown argument)."""
         return {}

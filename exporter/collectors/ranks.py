@@ -101,7 +101,8 @@ PG_INFO = MetricSpec("llmmon_nccl_pg_info", "info", "A process group of a job.",
                      ("job_id", "pg", "pg_desc", "size", "ranks"))
 DUMPS_REQUESTED = MetricSpec(
     "llmmon_nccl_dumps_requested_total", "counter",
-    "Flight Recorder dumps the daemon requested because a group stopped progressing.",
+    "Flight Recorder dumps the daemon requested: a group stopped progressing, or a "
+    "POST /api/v1/ranks/dump asked for one.",
     ("job_id",))
 DUMPS_KEPT = MetricSpec("llmmon_nccl_dumps_kept", "gauge",
                         "Flight Recorder dump sets kept for post-mortems.")
@@ -177,6 +178,23 @@ class RanksCollector(Collector):
 
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
+
+    def actions(self) -> dict[str, Any]:
+        return {"ranks/dump": self.request_dump}
+
+    def request_dump(self, query: dict[str, str]) -> dict[str, Any]:
+        """POST /api/v1/ranks/dump?job_id=J: a Flight Recorder dump from J's ranks here now."""
+        job_id = query.get("job_id", "")
+        with self._lock:
+            jobs = {job["job_id"]: job for job in self._evidence["jobs"]}
+        if job_id not in jobs:
+            raise ValueError(f"unknown job_id {job_id!r}; known here: {sorted(jobs)}")
+        ranks = [r["rank"] for r in jobs[job_id]["ranks"]]
+        results = ranks_dumps.request(self.config["pipe_dir"], job_id, ranks)
+        with self._lock:
+            self._dumps_requested[job_id] += 1
+        log.warning("job %s: Flight Recorder dump requested over HTTP: %s", job_id, results)
+        return {"job_id": job_id, "ranks": {str(r): v for r, v in results.items()}}
 
     def evidence(self) -> dict[str, Any]:
         with self._lock:

@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fastapi.testclient import TestClient
+
+from exporter.app import create_app
 from exporter.ranks_dumps import DumpKeeper, request
 from exporter.reporter.dumppipe import DumpPipe
+from exporter.reporter.layout import pipe_path
+from exporter.sampler import Sampler
+from tests.ranks.jobs import make_collector, scrape
+from tests.ranks.test_nccl_dumps import staged
 
 
 def test_a_request_reaches_a_listening_pipe_and_says_why_it_did_not_elsewhere(
@@ -44,3 +51,26 @@ def test_settled_dumps_are_kept_in_sets_and_only_the_newest_sets_stay(tmp_path: 
                     "c/dump-20270115T080200Z/rank_0", "c/dump-20270115T080200Z/rank_1.json",
                     "c/rank_2"]
     assert (tmp_path / "a" / "notes.txt").exists()  # not ours: left alone
+
+
+def test_a_dump_is_requested_over_http_for_a_known_job_only(tmp_path: Path) -> None:
+    spool, now = staged(tmp_path, "nccl4")
+    collector = make_collector(spool, tmp_path, auto_dump=False)
+    scrape(collector, now)
+    sampler = Sampler([collector], "test")
+    client = TestClient(create_app(sampler, [collector]))
+    pipes = [DumpPipe(pipe_path(str(tmp_path / "pipe"), "llama-8b", rank)) for rank in (0, 2)]
+    try:
+        answer = client.post("/api/v1/ranks/dump", params={"job_id": "llama-8b"})
+        assert answer.status_code == 200
+        assert answer.json() == {"job_id": "llama-8b", "ranks": {
+            "0": "requested", "1": "no pipe", "2": "requested", "3": "no pipe"}}
+        assert all(pipe.requested() for pipe in pipes)
+        unknown = client.post("/api/v1/ranks/dump", params={"job_id": "nope"})
+        assert unknown.status_code == 400 and "unknown job_id 'nope'" in unknown.json()["error"]
+        assert client.get("/api/v1/ranks/dump").status_code == 405  # no side effects on GET
+        assert 'llmmon_nccl_dumps_requested_total{job_id="llama-8b"} 1.0' in \
+            scrape(collector, now)[2]
+    finally:
+        for pipe in pipes:
+            pipe.close()
