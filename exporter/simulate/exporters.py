@@ -14,7 +14,7 @@ from pathlib import Path
 
 from exporter.simulate.node import NodeSim
 
-READY_TIMEOUT = 30.0
+READY_TIMEOUT = 120.0  # ten daemons importing FastAPI on two busy cores take a while
 
 
 def free_port(host: str = "127.0.0.1") -> int:

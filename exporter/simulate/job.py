@@ -23,8 +23,9 @@ STEP_SECONDS = 1.9
 COLLECTIVES_PER_STEP = 8  # half all-gathers (parameters), half reduce-scatters (gradients)
 ELEMENTS = 1 << 29  # per collective, the unsharded tensor
 DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4}
-BUS_BANDWIDTH = 360e9  # bytes/s: H200 NVLink, or 8x400G RoCE after tuning (DESIGN.md §1)
-JITTER = 0.0004  # seconds of enqueue spread between healthy ranks
+# Bus bandwidth, bytes/s (DESIGN.md §1): NVLink within a node, 8x400G RoCE after tuning across.
+NVLINK_BANDWIDTH, ROCE_BANDWIDTH = 400e9, 330e9
+JITTER = 0.0002  # seconds of enqueue spread between healthy ranks
 PARAMETERS = 8e9
 TOKENS_PER_STEP = 4 * 4096  # per rank
 GIB = 1 << 30
@@ -92,6 +93,8 @@ class Job:
         self.job_id = job_id
         self.ranks = ranks
         self.world_size = len(ranks)
+        self.bandwidth = (NVLINK_BANDWIDTH if len({r.node for r in ranks}) == 1
+                          else ROCE_BANDWIDTH)
         self.alive = True
         self.state = "running"  # running | starved | hung | dead
         self.slowdown = 1.0
@@ -172,7 +175,7 @@ class Job:
 
     def _transfer(self, dtype: str) -> float:
         size = ELEMENTS * DTYPE_BYTES.get(dtype, 2)
-        return size * (self.world_size - 1) / self.world_size / BUS_BANDWIDTH
+        return size * (self.world_size - 1) / self.world_size / self.bandwidth
 
     def _collective(self, effects: JobEffects) -> None:
         self.seq += 1

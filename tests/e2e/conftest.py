@@ -34,7 +34,7 @@ from tests.e2e.cases import CASES, Case
 SPEED = 20
 INTERVAL = "1s"
 FOR = "5s"
-START_TIMEOUT = 90.0
+START_TIMEOUT = 150.0
 COLLECTORS = ("gpu", "rdma", "nic", "ranks", "disk", "netdev")
 T = TypeVar("T")
 
@@ -71,6 +71,10 @@ class Stack:
         node, job = self.node(case).name, self.job(case)
         return [a for a in self.notified()
                 if a.labels.get("node") == node or a.labels.get("job_id") == job]
+
+    def daemons(self) -> list[dict[str, Any]]:
+        """The simulator's manifest: node, url, pid of each daemon."""
+        return json.loads((self.work / "sim" / "exporters.json").read_text())
 
     def alertmanager_alerts(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(self.alertmanager.url + "/api/v2/alerts", timeout=5) as r:

@@ -2,14 +2,22 @@
 
 For each scenario: its critical alerts reach the pager with the right job, rank, node, GPU or
 port in their labels and description; its warnings reach the tickets receiver; the alerts
-the shipped inhibit rules must mute are firing in Alertmanager but suppressed; and no other
-critical alert about its node or job pages.  The healthy node runs last, once every other
-scenario has paged, and must have paged nothing.
+the shipped inhibit rules must mute are firing in Alertmanager but suppressed; no other
+critical alert about its node or job pages; and `llmmon diagnose` over the same Prometheus
+finds the same cause (a suspect check that pages with the scenario's first alert, naming the
+same node or job and target).  The healthy node runs last, once every other scenario has
+paged: it must have paged nothing, and diagnosing it on its own finds nothing suspect.
 """
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 import pytest
+
+from exporter.diagnose import command
+from exporter.diagnose.branches import TREE
 
 from tests.e2e.cases import CASES, WARMUP_TICKETS, Case, Expect
 from tests.e2e.conftest import Alert, Stack, wait_for
@@ -40,6 +48,37 @@ def _suppressed(e2e: Stack, case: Case, expect: Expect) -> dict | None:
                 None)
 
 
+def diagnose(**source: Any) -> dict[str, Any]:
+    """`llmmon diagnose --json` over `source` (prometheus=URL, or url=daemon with scrape)."""
+    args = argparse.Namespace(**{"prometheus": None, "url": None, "scrape": False,
+                                 "interval": 5.0, "alerts_config": None, "json": True,
+                                 **source})
+    for branch in TREE:
+        setattr(args, f"tree_{branch.id}", False)
+    return command.report(args)
+
+
+def _diagnosed(e2e: Stack, case: Case, expect: Expect) -> bool:
+    """A suspect check that pages with `expect` names the case's node or job and target."""
+    node, job = e2e.node(case).name, e2e.job(case)
+    layout = e2e.node(case)
+    wanted = {key: value(layout) if callable(value) else value
+              for key, value in expect.labels.items()}
+    for branch in diagnose(prometheus=e2e.prometheus.url)["branches"]:
+        for check in branch["checks"]:
+            if check["verdict"] != "suspect" or expect.alertname not in check["alerts"]:
+                continue
+            for evidence in check["evidence"]:
+                subject = evidence["subject"]
+                if node not in (subject.get("node"), None) or \
+                        subject.get("job_id", job) != job:
+                    continue
+                if "node" in subject or "job_id" in subject:
+                    if all(subject[k] == v for k, v in wanted.items() if k in subject):
+                        return True
+    return False
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_scenario_pages_its_alerts_and_nothing_else(e2e: Stack, case: Case) -> None:
     deadline = e2e.started + DEADLINE
@@ -64,3 +103,10 @@ def test_scenario_pages_its_alerts_and_nothing_else(e2e: Stack, case: Case) -> N
     if case.name == "healthy":
         tickets = {a.labels["alertname"] for a in about if a.receiver == "tickets"}
         assert tickets <= WARMUP_TICKETS, f"healthy ticketed {tickets}"
+        node_url = next(n["url"] for n in e2e.daemons() if n["node"] == node)
+        # Ten seconds between the two scrapes hold ~5 steps of 1.9 s: MFU within a step.
+        assert diagnose(url=node_url, scrape=True, interval=10.0)["suspects"] == []
+    else:
+        cause = (case.pages + case.tickets)[0]
+        wait_for(f"{case.name}: llmmon diagnose naming {cause.alertname} {cause.labels}",
+                 lambda: _diagnosed(e2e, case, cause), deadline)
