@@ -1,0 +1,69 @@
+"""`llmmon demo` end to end: the page arrives on the console, Ctrl-C stops every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+TIMEOUT = 120.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and b"zombie" not in Path(f"/proc/{pid}/status") \
+        .read_bytes().lower()
+
+
+def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-u", "-m", "exporter", "demo", "--nodes=1", "--scenario=thermal",
+         "--for=5s", "--scrape-interval=1s", f"--duration={TIMEOUT}",
+         "--serve-arg=--collector.gpu.interval=1s"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, pids = [], []
+    try:
+        assert demo.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(demo.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and demo.poll() is None:
+            if not selector.select(timeout=1.0):
+                continue
+            line = demo.stdout.readline()
+            output.append(line)
+            control = re.search(r"> (\S+)/scenarios$", line.strip())
+            if control:
+                pids = [e["pid"] for e in json.loads(
+                    (Path(control.group(1)) / "exporters.json").read_text())]
+            prometheus = re.match(r"Prometheus: (http://\S+)", line)
+            if prometheus:
+                with urllib.request.urlopen(prometheus.group(1) + "/api/v1/targets") as r:
+                    assert json.load(r)["data"]["activeTargets"], "no targets discovered"
+            if "[pager] firing: GPUThermalThrottle (critical) node=sim-00 gpu=6" in line:
+                break
+        else:
+            raise AssertionError("no page from the demo:\n" + "".join(output))
+        assert pids and all(_alive(pid) for pid in pids)
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(30) == 0, "".join(output)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
