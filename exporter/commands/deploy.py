@@ -1,8 +1,10 @@
-"""`llmmon deploy generate`: Kubernetes objects made from the shipped alerts/ and dashboards/.
+"""`llmmon deploy generate`: Kubernetes files made from the shipped alerts/, dashboards/ and
+systemd files.
 
 kustomize refuses files outside a kustomization's folder, so the PrometheusRule, the Grafana
 dashboard ConfigMaps and the example Alertmanager Secret are rendered here from the very files
-Prometheus, Grafana and Alertmanager read, and committed next to the other manifests;
+Prometheus, Grafana and Alertmanager read, and committed next to the other manifests. The
+Kubernetes nodes' tmpfiles.d snippet is the bare-metal one with the DaemonSet's uid in its ACLs.
 `--check` (run by the tests) fails when a committed file no longer matches its sources.
 """
 
@@ -75,12 +77,27 @@ def alertmanager_secret(root: Path) -> list[dict[str, Any]]:
              "stringData": data}]
 
 
-# output file (relative to the repository) -> (its sources, the objects it holds)
-OUTPUTS: dict[str, tuple[str, Callable[[Path], list[dict[str, Any]]]]] = {
+TMPFILES = "deploy/systemd/llmmon.tmpfiles.conf"
+DAEMONSET = "deploy/kubernetes/base/daemonset.yaml"
+
+
+def node_tmpfiles(root: Path) -> str:
+    """The shared directories for Kubernetes GPU nodes: the systemd lines, with the ACLs that
+    name the llmmon user naming the DaemonSet's uid instead (nodes have no llmmon user)."""
+    daemonset = yaml.safe_load((root / DAEMONSET).read_text(encoding="utf-8"))
+    uid = daemonset["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    return (root / TMPFILES).read_text(encoding="utf-8").replace(":user:llmmon:",
+                                                                  f":user:{uid}:")
+
+
+# output file (relative to the repository) -> (its sources, the objects or text it holds)
+OUTPUTS: dict[str, tuple[str, Callable[[Path], list[dict[str, Any]] | str]]] = {
     "deploy/kubernetes/monitoring/prometheusrule.yaml": ("alerts/rules/*.yaml", prometheus_rule),
     "deploy/kubernetes/monitoring/dashboards.yaml": ("dashboards/*.json", dashboard_configmaps),
     "deploy/kubernetes/examples/alertmanager-secret.yaml": (
         "alerts/alertmanager.yaml and its templates", alertmanager_secret),
+    "deploy/kubernetes/node/llmmon.tmpfiles.conf": (
+        f"{TMPFILES} with the runAsUser of {DAEMONSET}", node_tmpfiles),
 }
 
 
@@ -99,11 +116,11 @@ _Dumper.add_representer(str, _str)
 def render(root: Path, output: str) -> str | None:
     """The text of one output, or None when its sources do not exist (nothing to ship)."""
     sources, build = OUTPUTS[output]
-    objects = build(root)
-    if not objects:
+    built = build(root)
+    if not built:
         return None
-    body = yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=100,
-                         allow_unicode=True)
+    body = built if isinstance(built, str) else yaml.dump_all(
+        built, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
     return HEADER.format(sources=sources) + body
 
 
@@ -142,8 +159,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     deploy = subparsers.add_parser("deploy", help="Deployment helpers.")
     actions = deploy.add_subparsers(dest="action", required=True, metavar="ACTION")
     gen = actions.add_parser(
-        "generate", help="Render the PrometheusRule, dashboard ConfigMaps and example "
-        "Alertmanager Secret from alerts/ and dashboards/ into deploy/kubernetes/.")
+        "generate", help="Render the PrometheusRule, dashboard ConfigMaps, example "
+        "Alertmanager Secret and node tmpfiles.d snippet from alerts/, dashboards/ and "
+        "deploy/systemd/ into deploy/kubernetes/.")
     gen.add_argument("--root", default=".", help="Repository checkout (default: .).")
     gen.add_argument("--check", action="store_true",
                      help="Write nothing; exit 1 if a generated file is stale.")

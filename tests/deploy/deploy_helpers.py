@@ -1,13 +1,20 @@
-"""Helpers for the deployment tests: rendered manifests, certificates, live exporters."""
+"""Helpers for the deployment tests: rendered manifests, certificates, live exporters,
+processes of other users."""
 
 from __future__ import annotations
 
+import ctypes
+import json
+import os
+import select
 import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -117,3 +124,103 @@ def require(binary: str) -> str:
     path = shutil.which(binary)
     assert path, f"{binary} is not installed: scripts/install.sh --test installs it"
     return path
+
+
+CLONE_NEWNS = 0x00020000
+
+
+def _read_only_mounts(paths: Sequence[Path]) -> None:
+    """A private mount namespace in which each path is a read-only bind mount of itself, as
+    Kubernetes' `readOnly: true` and systemd's ReadOnlyPaths= make it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True, capture_output=True)
+    for path in paths:
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True,
+                       capture_output=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True,
+                       capture_output=True)
+
+
+@dataclass
+class Child:
+    """A forked process running as another user; what it writes to fd 1 and 2, line by line.
+    A child that returns from its work writes the result as its last line (JSON)."""
+
+    pid: int
+    fd: int
+    buffer: bytes = b""
+    lines: list[str] = field(default_factory=list)
+    reaped: bool = False
+
+    def _fill(self, deadline: float) -> bool:
+        """Read what is there before the deadline; False at end of output."""
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"child {self.pid} silent; so far: {self.lines}")
+        chunk = os.read(self.fd, 65536)
+        self.buffer += chunk
+        *complete, self.buffer = self.buffer.split(b"\n")
+        self.lines += [line.decode(errors="replace") for line in complete]
+        return bool(chunk)
+
+    def line(self, timeout: float = 20.0) -> str:
+        deadline = time.monotonic() + timeout
+        seen = len(self.lines)
+        while len(self.lines) == seen:
+            if not self._fill(deadline):
+                raise AssertionError(f"child {self.pid} ended; output: {self.lines}")
+        return self.lines[seen]
+
+    def wait(self, timeout: float = 20.0) -> list[str]:
+        """All its output, once it has exited 0."""
+        deadline = time.monotonic() + timeout
+        while self._fill(deadline):
+            pass
+        os.close(self.fd)
+        _, status = os.waitpid(self.pid, 0)
+        self.reaped = True
+        output = self.lines + ([self.buffer.decode(errors="replace")] if self.buffer else [])
+        assert os.waitstatus_to_exitcode(status) == 0, "\n".join(output)
+        return output
+
+    def result(self, timeout: float = 20.0) -> Any:
+        return json.loads(self.wait(timeout)[-1])
+
+    def kill(self) -> None:
+        """Stop it if a failed test left it running; a reaped pid is never signalled."""
+        if not self.reaped:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+            os.close(self.fd)
+            self.reaped = True
+
+
+def fork_as(uid: int, gid: int, work: Callable[[], Any], *, umask: int = 0o022,
+            read_only: Sequence[Path] = ()) -> Child:
+    """Run `work` in a forked child as uid:gid without supplementary groups (the kernel drops
+    every capability when uid 0 goes), after making `read_only` read-only mounts. The child
+    needs no interpreter of its own: a non-root user may not be able to start this one."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            os.dup2(write_end, 2)
+            if read_only:
+                _read_only_mounts(read_only)
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            os.umask(umask)
+            os.write(1, json.dumps(work()).encode() + b"\n")
+            code = 0
+        except BaseException:
+            os.write(2, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return Child(pid, read_end)

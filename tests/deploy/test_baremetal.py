@@ -1,14 +1,13 @@
 """Bare-metal and Slurm nodes: the hardened systemd unit (systemd-analyze verify and its
-offline security review), the user and spool made by the real systemd-sysusers and
-systemd-tmpfiles, the config through the exporter's parser, and the Slurm job id hand-off."""
+offline security review), its file system view against the ranks collector's paths, the config
+through the exporter's parser, and the Slurm job id hand-off. The shared directories
+themselves: test_shared_dirs.py."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +73,7 @@ def test_hardening_settings():
         assert s[key] == ["yes"], key
     assert s["ProtectSystem"] == ["strict"]
     assert s["ReadOnlyPaths"] == ["/run/llmmon"]
+    assert s["ReadWritePaths"] == ["/var/lib/llmmon/fr"]  # the one place it writes
     assert s["ExecStart"] == [f"{INSTALLED} serve --config.file=/etc/llmmon/llmmon.yml"]
 
 
@@ -87,21 +87,41 @@ def test_offline_security_review_rates_it_ok(tmp_path):
     assert score <= 2.5, out.stdout  # systemd's scale: 0 safest, 10 unsafe; "OK" below 3
 
 
-def test_sysusers_and_tmpfiles_create_user_and_spool(tmp_path):
-    root = tmp_path / "root"
-    for tool, folder, name in (("systemd-sysusers", "sysusers.d", "llmmon.sysusers.conf"),
-                               ("systemd-tmpfiles", "tmpfiles.d", "llmmon.tmpfiles.conf")):
-        (root / "etc" / folder).mkdir(parents=True)
-        shutil.copy(SYSTEMD / name, root / "etc" / folder / "llmmon.conf")
-        args = ["--create"] if tool == "systemd-tmpfiles" else []
-        out = subprocess.run([require(tool), *args, f"--root={root}"], capture_output=True,
-                             text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-    user = [line for line in (root / "etc" / "passwd").read_text().splitlines()
-            if line.startswith("llmmon:")]
-    assert len(user) == 1 and user[0].endswith(":/usr/sbin/nologin")
-    spool = os.stat(root / "run" / "llmmon" / "ranks")
-    assert stat.S_IMODE(spool.st_mode) == 0o1777 and spool.st_uid == 0
+def test_unit_lets_the_ranks_collector_read_the_spool_open_pipes_and_keep_dumps():
+    """Its paths as the exporter resolves them from llmmon.yml: spool and dump pipes under the
+    read-only /run/llmmon (FIFOs open for writing there), dumps in the one writable path, and
+    the same directories `llmmon launch` points torch at and tmpfiles makes."""
+    args = build_parser().parse_args(["serve", f"--config.file={SYSTEMD / 'llmmon.yml'}"])
+    ranks = build_settings(args, discover()).collectors["ranks"]
+    s = service_settings(unit())
+    (read_only,), (writable,) = s["ReadOnlyPaths"], s["ReadWritePaths"]
+    assert Path(ranks["spool_dir"]).parent == Path(ranks["pipe_dir"]).parent == Path(read_only)
+    assert ranks["fr_dir"] == writable
+    env = launch_env()
+    assert env["LLMMON_SPOOL"] == ranks["spool_dir"]
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"{ranks['pipe_dir']}/4242/rank_"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{ranks['fr_dir']}/4242/rank_"
+    made = {line.split()[1] for line in (SYSTEMD / "llmmon.tmpfiles.conf").read_text()
+            .splitlines() if line.startswith("d ")}
+    assert {ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"]} <= made
+
+
+def launch_env() -> dict[str, str]:
+    """The environment `llmmon launch` gives torch in Slurm job 4242: the prolog's exports and
+    what the launcher adds (--print-env prints only the variables it adds)."""
+    prolog = subprocess.run(["sh", str(SLURM / "task-prolog.sh")],
+                            env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=30, check=True).stdout
+    env = {"PATH": "/usr/bin:/bin", **exports(prolog)}
+    out = subprocess.run([sys.executable, "-m", "exporter", "launch", "--print-env"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return {**env, **dict(line.split("=", 1) for line in out.stdout.splitlines())}
+
+
+def exports(text: str) -> dict[str, str]:
+    return dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines()
+                if line)
 
 
 def test_config_is_accepted_by_the_exporter():
@@ -123,9 +143,7 @@ def test_task_prolog_hands_the_slurm_job_id_to_the_reporter():
     out = subprocess.run(["sh", prolog], env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
-    exports = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.split("\n")
-                   if line)
-    assert exports == {"LLMMON_JOB": "4242", "LLMMON_SPOOL": "/run/llmmon/ranks"}
+    assert exports(out.stdout) == {"LLMMON_JOB": "4242", "LLMMON_SPOOL": "/run/llmmon/ranks"}
     assert "/run/llmmon/ranks" in (SYSTEMD / "llmmon.tmpfiles.conf").read_text()
     outside = subprocess.run(["sh", prolog], env={"PATH": "/usr/bin:/bin"},
                              capture_output=True, text=True, timeout=30)
