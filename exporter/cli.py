@@ -24,6 +24,10 @@ def _serve(args: argparse.Namespace) -> int:
     classes = discover()
     try:
         settings = build_settings(args, classes)
+        if args.replay:
+            from exporter.capture import replay_settings
+
+            settings = replay_settings(args.replay, settings)
         logs.setup(settings["log.level"], settings["log.format"])
         host, port = split_listen_address(settings["web.listen_address"])
         daemon = build(settings)
@@ -73,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serves the last snapshot. Settings come from defaults, then --config.file, then "
         "flags.")
     add_serve_arguments(serve, discover())
+    serve.add_argument("--replay", metavar="ARCHIVE",
+                       help="Serve an `llmmon capture` archive instead of this node's inputs "
+                       "(collectors as the captured node ran them).")
     serve.set_defaults(func=_serve)
 
     docs = sub.add_parser("docs", help="Print generated reference documentation.")
