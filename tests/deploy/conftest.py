@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import pytest
 import yaml
@@ -30,10 +30,12 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 @pytest.fixture
 def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
-    """Start `llmmon serve` (disk collector only: it works on any Linux) with a web config."""
+    """Start `llmmon serve` (disk collector only: it works on any Linux, plus `flags`) with a
+    web config."""
     started: list[subprocess.Popen] = []
 
-    def start(web_config: Path | None = None, port: int | None = None) -> Exporter:
+    def start(web_config: Path | None = None, port: int | None = None,
+              flags: Sequence[str] = ()) -> Exporter:
         port = port or free_port()
         config = {"web": {"listen_address": f"127.0.0.1:{port}"}}
         if web_config is not None:
@@ -44,7 +46,7 @@ def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
         with open(log, "wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, "-m", "exporter", "serve", f"--config.file={path}",
-                 "--collector.disable-defaults", "--collector.disk"],
+                 "--collector.disable-defaults", "--collector.disk", *flags],
                 cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
         started.append(process)
         wait_for_port(port, process, log)

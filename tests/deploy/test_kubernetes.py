@@ -22,7 +22,7 @@ from deploy_helpers import KUSTOMIZE, ROOT, find, kustomize, require
 from exporter.cli import build_parser
 from exporter.collectors import discover
 from exporter.commands.deploy import rule_groups
-from exporter.config import build_settings
+from exporter.config import Settings, build_settings
 
 KUSTOMIZATIONS = [KUSTOMIZE, KUSTOMIZE / "base", KUSTOMIZE / "monitoring",
                   *sorted(p for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())]
@@ -31,6 +31,10 @@ EXAMPLES = sorted((KUSTOMIZE / "examples").glob("*.yaml"))
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 CRDS = ROOT / "tests" / "fixtures" / "crds"
 SPOOL = "/run/llmmon/ranks"
+# Shared with training pods at the same paths: volume name -> (host path, read-only here).
+SHARED = {"ranks": (SPOOL, True), "frpipe": ("/run/llmmon/frpipe", True),
+          "fr": ("/var/lib/llmmon/fr", False)}
+NODE_TMPFILES = KUSTOMIZE / "node" / "llmmon.tmpfiles.conf"
 
 
 def ident(path: Path) -> str:
@@ -140,33 +144,58 @@ def test_user_and_host_pid(path):
 
 
 @pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
-def test_host_mounts_are_read_only_and_minimal(path):
+def test_host_mounts_are_minimal_and_read_only_but_the_dump_directory(path, tmp_path):
     spec = pod(path)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host == {"sys": "/sys", "proc": "/proc", "ranks": SPOOL}
+    assert host == {"sys": "/sys", "proc": "/proc",
+                    **{name: where for name, (where, _) in SHARED.items()}}
     mounts = {m["name"]: m for m in container(path)["volumeMounts"]}
-    assert all(mounts[name].get("readOnly") is True for name in mounts)
-    assert mounts["ranks"]["mountPath"] == SPOOL  # the exporter's default spool directory
+    writable = {name for name, m in mounts.items() if m.get("readOnly") is not True}
+    assert writable == {"fr"}  # settled dumps are moved into sets and old sets pruned
+    assert container(path)["securityContext"]["readOnlyRootFilesystem"] is True
+    for name, (where, read_only) in SHARED.items():
+        assert mounts[name]["mountPath"] == where  # the paths training pods use
+        assert mounts[name].get("readOnly", False) is read_only
     args = container(path)["args"]
     config = yaml.safe_load(
         find(objects(path), "ConfigMap", _config_name(path))["data"]["config.yaml"])
     assert config["path"] == {"sysfs": mounts["sys"]["mountPath"],
                               "procfs": mounts["proc"]["mountPath"]}
     assert args[0] == "serve" and "--config.file=/etc/llmmon/config.yaml" in args
+    ranks = _settings(path, tmp_path).collectors["ranks"]  # what the ranks collector opens
+    assert (ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"]) == \
+        tuple(mounts[name]["mountPath"] for name in ("ranks", "frpipe", "fr"))
+
+
+def test_node_tmpfiles_make_every_shared_directory_for_the_daemonsets_user():
+    lines = [line.split() for line in NODE_TMPFILES.read_text().splitlines()
+             if line and not line.startswith("#")]
+    made = {line[1]: line[2] for line in lines if line[0] == "d"}
+    for where, _ in SHARED.values():
+        assert made[where] == "1777", where  # any training user makes its job's directory
+    uid = pod(KUSTOMIZE)["securityContext"]["runAsUser"]
+    acls = {line[1]: line[6] for line in lines if line[0] == "a+"}
+    assert set(acls) == {SHARED["frpipe"][0], SHARED["fr"][0]}
+    assert all(f"default:user:{uid}:rwx" in acl.split(",") for acl in acls.values())
 
 
 def _config_name(path: Path) -> str:
     return next(v["configMap"]["name"] for v in pod(path)["volumes"] if v["name"] == "config")
 
 
-@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
-def test_config_is_accepted_by_the_exporter(path, tmp_path):
-    """The ConfigMap's config.yaml through the real settings parser: no unknown key slips in."""
+def _settings(path: Path, tmp_path: Path) -> Settings:
+    """The ConfigMap's config.yaml through the real settings parser."""
     data = find(objects(path), "ConfigMap", _config_name(path))["data"]["config.yaml"]
     file = tmp_path / "config.yaml"
     file.write_text(data)
     args = build_parser().parse_args(["serve", f"--config.file={file}"])
-    settings = build_settings(args, discover())
+    return build_settings(args, discover())
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_config_is_accepted_by_the_exporter(path, tmp_path):
+    """No unknown key slips in; each overlay's additions arrive."""
+    settings = _settings(path, tmp_path)
     assert settings.collectors["nfs"]["enabled"] is (path.name == "pod-attribution")
     web = settings["web.config_file"]
     if path.name == "tls":
@@ -322,7 +351,19 @@ def test_training_job_writes_where_the_exporter_reads():
     env = {e["name"]: e for e in trainer["env"]}
     assert env["LLMMON_SPOOL"]["value"] == SPOOL
     assert env["LLMMON_JOB"]["valueFrom"]["fieldRef"]["fieldPath"].startswith("metadata.labels")
-    mount = next(m for m in trainer["volumeMounts"] if m["mountPath"] == SPOOL)
-    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    exporter = next(v for v in pod(KUSTOMIZE)["volumes"] if v["name"] == "ranks")
-    assert volume["hostPath"] == exporter["hostPath"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    exporter = {v["name"]: v for v in pod(KUSTOMIZE)["volumes"]}
+    for name, (where, _) in SHARED.items():
+        mount = next(m for m in trainer["volumeMounts"] if m["mountPath"] == where)
+        assert mount.get("readOnly", False) is False  # the trainer writes all three
+        assert volumes[mount["name"]]["hostPath"] == exporter[name]["hostPath"]
+    # Where the Job's `llmmon launch` (its own flags, its env) points torch's Flight Recorder.
+    launch = trainer["command"][1:trainer["command"].index("--")]
+    out = subprocess.run([sys.executable, "-m", "exporter", *launch, "--print-env"],
+                         env={"PATH": "/usr/bin:/bin", "LLMMON_JOB": "llm-pretrain",
+                              "LLMMON_SPOOL": env["LLMMON_SPOOL"]["value"]},
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    torch = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert torch["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"{SHARED['frpipe'][0]}/llm-pretrain/rank_"
+    assert torch["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{SHARED['fr'][0]}/llm-pretrain/rank_"

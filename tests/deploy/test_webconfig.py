@@ -3,11 +3,13 @@ certificates, bcrypt basic auth, headers, certificate rotation and clear errors.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import bcrypt
@@ -87,6 +89,52 @@ def test_basic_auth_without_tls(tmp_path, web_serve):
     assert httpx.get(exporter.http + "/metrics", timeout=5).status_code == 401
     assert httpx.get(exporter.http + "/metrics", auth=("prometheus", PASSWORD),
                      timeout=5).status_code == 200
+
+
+def test_dump_action_needs_the_credentials_a_scrape_needs(tmp_path, web_serve):
+    """POST /api/v1/ranks/dump writes into a job's dump pipes: the web config admits to it
+    exactly the users it admits to /metrics (exporter-toolkit has no per-path rights), and it
+    answers POST only."""
+    spool = tmp_path / "spool"
+    shutil.copytree(ROOT / "tests/fixtures/spool/nccl4", spool)  # job llama-8b, ranks 0-3
+    for path in spool.rglob("*.json"):
+        path.touch()  # written now: live ranks
+    pipe = tmp_path / "frpipe" / "llama-8b" / "rank_0.pipe"
+    pipe.parent.mkdir(parents=True)
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # rank 0 listens, as torch does
+    try:
+        users = write(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
+        exporter = web_serve(users, flags=(
+            "--collector.ranks", f"--spool.dir={spool}",
+            f"--collector.ranks.pipe-dir={tmp_path / 'frpipe'}",
+            f"--collector.ranks.fr-dir={tmp_path / 'fr'}",
+            "--collector.ranks.auto-dump=false"))  # the fixture job hangs: no dump by itself
+        auth = ("prometheus", PASSWORD)
+        with httpx.Client(base_url=exporter.http, timeout=10) as c:
+            wait_for_job(c, auth, "llama-8b")
+            url = "/api/v1/ranks/dump?job_id=llama-8b"
+            for wrong in (None, ("prometheus", "wrong"), ("nobody", PASSWORD)):
+                assert c.post(url, auth=wrong).status_code == 401, wrong
+            assert os.read(reader, 16) == b""  # refused requests never reach the pipe
+            assert c.get(url, auth=auth).status_code == 405
+            done = c.post(url, auth=auth)
+            assert done.status_code == 200, done.text
+            assert done.json() == {"job_id": "llama-8b", "ranks": {
+                "0": "requested", "1": "no pipe", "2": "no pipe", "3": "no pipe"}}
+            assert os.read(reader, 16) == b"1"
+            unknown = c.post("/api/v1/ranks/dump?job_id=elsewhere", auth=auth)
+            assert unknown.status_code == 400 and "llama-8b" in unknown.json()["error"]
+    finally:
+        os.close(reader)
+
+
+def wait_for_job(c: httpx.Client, auth: tuple[str, str], job_id: str) -> None:
+    """Until the ranks collector has read the spool (its first run)."""
+    deadline = time.monotonic() + 30
+    while job_id not in {j["job_id"] for j in c.get("/api/v1/ranks", auth=auth).json()["jobs"]}:
+        assert time.monotonic() < deadline, f"job {job_id} never appeared"
+        time.sleep(0.2)
 
 
 def test_min_version_tls13_refuses_tls12(tmp_path, certs, web_serve):
