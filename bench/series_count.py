@@ -1,9 +1,11 @@
 """Series per node, measured, and the capacity table of docs/capacity.md computed from it.
 
 Starts `llmmon serve` on the richest fixture node the tests have (8 replayed H200s, the RDMA and
-NIC fixture trees, ethtool and netlink dumps, diskstats, the rank spool when it exists), waits
-until every collector has run, and counts the samples of one scrape, per collector from
-/api/v1/collectors. Prints the table; `--write-docs` replaces the generated block of
+NIC fixture trees, ethtool and netlink dumps, diskstats, and the spool of a 4-rank NCCL job,
+copied and dated now so that its ranks are live), waits until every collector has run, and
+counts the samples of one scrape, per collector from /api/v1/collectors. The table assumes a
+training job on every node with one rank per GPU: the fixture job's per-rank series are scaled
+from its 4 ranks to 8. Prints the table; `--write-docs` replaces the generated block of
 docs/capacity.md; JSON goes to bench/results/series_count.json.
 """
 
@@ -11,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from common import free_port, rss_mib, stop, wait_http
 
@@ -30,8 +36,8 @@ INPUTS = (
     ("--fake-nvml", FIXTURES / "nvml" / "h200x8"),
     ("--ethtool.dumps", FIXTURES / "ethtool"),
     ("--netlink.dump", FIXTURES / "netlink" / "links.json"),
-    ("--spool.dir", FIXTURES / "spool"),
 )
+SPOOL = FIXTURES / "spool" / "nccl4"
 GPUS_PER_NODE = 8
 CLUSTERS_GPUS = (1_000, 10_000, 100_000)
 SCRAPE_INTERVAL_S = 15
@@ -47,12 +53,13 @@ MARK_START, MARK_END = "<!-- series-table:start -->", "<!-- series-table:end -->
 
 def measure() -> dict:
     used = [(flag, path) for flag, path in INPUTS if path.exists()]
-    missing = [str(path.relative_to(ROOT)) for flag, path in INPUTS if not path.exists()]
+    missing = [str(path.relative_to(ROOT)) for flag, path in (*INPUTS, ("", SPOOL))
+               if not path.exists()]
     port = free_port()
-    with tempfile.TemporaryFile() as log:
+    with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as work:
         process = subprocess.Popen(
             [sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{port}",
-             *(f"{flag}={path}" for flag, path in used)],
+             *(f"{flag}={path}" for flag, path in used), *_ranks_flags(Path(work))],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_http(port, "/healthz")
@@ -63,13 +70,45 @@ def measure() -> dict:
             rss, _ = rss_mib(process.pid)
         finally:
             stop(process)
-    samples = [line for line in body.decode().splitlines() if line and line[0] != "#"]
+    text = body.decode()
+    samples = [line for line in text.splitlines() if line and line[0] != "#"]
     per_collector = {s["name"]: s["series"] for s in states}
+    ranks, per_rank = _rank_series(text)
+    scaled = round(per_rank / ranks * (GPUS_PER_NODE - ranks)) if ranks else 0
     return {"series_per_node": len(samples), "per_collector": per_collector,
             "exporter_self": len(samples) - sum(per_collector.values()),
+            "ranks": ranks, "rank_series": per_rank,
+            "series_per_node_8_ranks": len(samples) + scaled,
             "collector_status": {s["name"]: s["status"] for s in states},
-            "rss_mib": round(rss, 1), "inputs": [str(p.relative_to(ROOT)) for _, p in used],
+            "rss_mib": round(rss, 1),
+            "inputs": [str(p.relative_to(ROOT)) for p in (*(p for _, p in used), SPOOL)
+                       if p.exists()],
             "missing_inputs": missing}
+
+
+def _ranks_flags(work: Path) -> list[str]:
+    """The fixture job's spool, copied and dated now (live ranks, never dropped from the
+    fixture tree); dump pipes and dumps in the same scratch folder, not the host's."""
+    if not SPOOL.exists():
+        return []
+    spool = work / "spool"
+    shutil.copytree(SPOOL, spool / SPOOL.name)
+    now = time.time()
+    for path in spool.rglob("*.json"):
+        os.utime(path, (now, now))
+    return [f"--spool.dir={spool / SPOOL.name}", f"--collector.ranks.pipe-dir={work / 'frpipe'}",
+            f"--collector.ranks.fr-dir={work / 'fr'}"]
+
+
+def _rank_series(text: str) -> tuple[int, int]:
+    """(ranks seen, samples labelled with a rank) in an exposition."""
+    ranks, per_rank = set(), 0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "rank" in sample.labels and "job_id" in sample.labels:
+                ranks.add((sample.labels["job_id"], sample.labels["rank"]))
+                per_rank += 1
+    return len(ranks), per_rank
 
 
 def _settled(port: int, timeout: float = 30.0) -> list[dict]:
@@ -83,12 +122,15 @@ def _settled(port: int, timeout: float = 30.0) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    per_node = result["series_per_node"]
+    per_node = result["series_per_node_8_ranks"]
+    ranks = result["ranks"]
     lines = [
-        f"Measured: **{per_node} series per 8-GPU node** "
+        f"Measured: {result['series_per_node']} series on the 8-GPU fixture node running a "
+        f"{ranks}-rank job "
         f"({', '.join(f'{k} {v}' for k, v in sorted(result['per_collector'].items()))}, "
         f"exporter self-metrics {result['exporter_self']}); exporter RSS "
-        f"{result['rss_mib']} MiB.",
+        f"{result['rss_mib']} MiB. {result['rank_series']} of them are per rank; with one "
+        f"rank per GPU that makes **{per_node:,} series per 8-GPU node**, the figure below.",
     ]
     if result["missing_inputs"]:
         lines.append(f"Not yet measured (fixture absent): {', '.join(result['missing_inputs'])}.")
