@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from exporter.commands.simulate import add_cluster_arguments, cluster_config, specs, \
     stop_on_signals, work_dir
+
+if TYPE_CHECKING:
+    from exporter.simulate.stack import Notification
 
 GRAFANA_IMAGE = "grafana/grafana:11.2.0"
 
@@ -34,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.set_defaults(func=run)
 
 
-def _print_notification(note) -> None:  # type: ignore[no-untyped-def]
+def _print_notification(note: Notification) -> None:
     for alert in note.payload.get("alerts", []):
         labels = alert["labels"]
         where = " ".join(f"{k}={labels[k]}" for k in ("node", "job_id", "rank", "gpu", "netdev",

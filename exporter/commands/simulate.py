@@ -11,11 +11,14 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from exporter.simulate.cluster import ClusterConfig
 from exporter.simulate.control import Spec, SpecError, parse
 from exporter.simulate.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from exporter.simulate.runner import Simulation
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +60,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="stop after this many wall seconds (default: until Ctrl-C)")
     parser.add_argument("--no-serve", action="store_true",
                         help="only write the trees; start no daemons")
+    parser.add_argument("--list-scenarios", action="store_true",
+                        help="describe every scenario, its parameters and the alerts it "
+                             "should raise, and exit")
     parser.set_defaults(func=run)
+
+
+def scenario_list() -> str:
+    lines = []
+    for name, cls in SCENARIOS.items():
+        params = ", ".join([*sorted(cls.optional), *(f"{k}={v:g}" for k, v in
+                                                     cls.defaults.items())]) or "none"
+        lines += [f"{name}  (parameters: {params}; alerts: {', '.join(cls.alerts) or 'none'})",
+                  f"    {cls.help}"]
+    return "\n".join(lines)
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
@@ -96,7 +112,7 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def describe(simulation, serving: bool) -> str:  # type: ignore[no-untyped-def]
+def describe(simulation: Simulation, serving: bool) -> str:
     cluster = simulation.cluster
     lines = [f"llmmon simulate: {len(cluster.nodes)} node(s), speed x{simulation.config.speed:g}"]
     for job in cluster.jobs:
@@ -121,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     from exporter import logs
     from exporter.simulate.runner import Simulation
 
+    if args.list_scenarios:
+        print(scenario_list())
+        return 0
     logs.setup("info", "logfmt")
     try:
         config, initial = cluster_config(args), specs(args)

@@ -106,9 +106,9 @@ class GpuFiles:
         if cond.sm_clock_mhz is not None:
             sm_mhz = cond.sm_clock_mhz
         target = 30 + 0.045 * average_mw / 1000 + cond.temperature_offset
-        if self.temperature is None:
-            self.temperature = target
-        self.temperature += (target - self.temperature) * min(1.0, seconds / 20)
+        previous = target if self.temperature is None else self.temperature
+        temperature = previous + (target - previous) * min(1.0, seconds / 20)
+        self.temperature = temperature
         policies = {POWER_POLICY: bool(reasons & SW_POWER_CAP),
                     THERMAL_POLICY: bool(reasons & (SW_THERMAL | HW_THERMAL)),
                     IDLE_POLICY: bool(reasons & GPU_IDLE)}
@@ -118,10 +118,11 @@ class GpuFiles:
         self.counters.advance(key + "pcie_tx", 3e8 if busy else 1e5, seconds)
         self.counters.advance(key + "pcie_rx", 1.5e9 if busy else 1e5, seconds)
         self.counters.advance(key + "nvlink", 6e9 / 1024 if busy else 0.0, seconds)
-        return self._document(cond, process, instants, average_mw, sm_mhz, reasons)
+        return self._document(cond, process, instants, average_mw, sm_mhz, reasons,
+                              temperature)
 
     def _document(self, cond: GpuCondition, process: Process | None, instants: list[int],
-                  average_mw: float, sm_mhz: int, reasons: int) -> bytes:
+                  average_mw: float, sm_mhz: int, reasons: int, temperature: float) -> bytes:
         key = f"gpu{self.gpu.index}/"
         base = self._base
         device = dict(base["device0"])
@@ -131,7 +132,7 @@ class GpuFiles:
         energy = self.counters[key + "energy_mj"] + 8_600_000_000
         device.update(
             power_usage_mw=_ok(int(average_mw)), total_energy_mj=_ok(energy),
-            temp_gpu_c=_ok(round(self.temperature)), clock_sm_mhz=_ok(sm_mhz),
+            temp_gpu_c=_ok(round(temperature)), clock_sm_mhz=_ok(sm_mhz),
             clock_graphics_mhz=_ok(sm_mhz), clocks_event_reasons=_ok(reasons),
             utilization=_ok({"gpu": util_gpu, "memory": util_mem}),
             pstate=_ok(0 if process else 8),
@@ -148,7 +149,7 @@ class GpuFiles:
                                       "violationTime": self.counters[key + policy]})
         device["violation_status"] = violations
         fields = dict(base["field_values"])
-        for name, value in (("NVML_FI_DEV_MEMORY_TEMP", round(self.temperature + 8)),
+        for name, value in (("NVML_FI_DEV_MEMORY_TEMP", round(temperature + 8)),
                             ("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", energy),
                             ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", self.counters[key + "pcie_tx"]),
                             ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", self.counters[key + "pcie_rx"]),

@@ -45,11 +45,12 @@ class Scenario:
     help: ClassVar[str]
     alerts: ClassVar[tuple[str, ...]] = ()  # alertname/labels it should raise, for docs
     defaults: ClassVar[dict[str, float]] = {}
+    optional: ClassVar[frozenset[str]] = frozenset()  # parameters without a default
 
     def __init__(self, node: int, params: dict[str, float]) -> None:
-        unknown = set(params) - set(self.defaults)
+        unknown = set(params) - set(self.defaults) - self.optional
         if unknown:
-            known = ", ".join(sorted(self.defaults)) or "none"
+            known = ", ".join(sorted(set(self.defaults) | self.optional)) or "none"
             raise ValueError(f"{self.name}: unknown parameter(s) {', '.join(sorted(unknown))}"
                              f" (known: {known})")
         self.node = node
@@ -79,13 +80,7 @@ class _RankScenario(Scenario):
     """Targets one rank: `rank=` (global), by default a fixed local rank on the node."""
 
     local_rank: ClassVar[int]
-
-    def __init__(self, node: int, params: dict[str, float]) -> None:
-        params = dict(params)
-        rank = params.pop("rank", None)
-        super().__init__(node, params)
-        if rank is not None:
-            self.params["rank"] = rank
+    optional = frozenset({"rank"})
 
     def bind(self, job: Job, layout: NodeLayout) -> None:
         if "rank" in self.params:

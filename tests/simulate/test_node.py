@@ -13,6 +13,8 @@ from exporter.collectors.gpu import GpuCollector
 from exporter.simulate.cluster import Cluster, ClusterConfig
 from exporter.simulate.control import SpecError, parse, parse_lines
 from exporter.simulate.runner import Simulation
+from exporter.simulate.scenarios import SCENARIOS
+from tests.conftest import ROOT
 from tests.core.helpers import make_collector
 from tests.simulate.conftest import Exposition, expose
 
@@ -175,3 +177,15 @@ def test_starved_gpus_dip_at_20_hz(work: Path) -> None:
     assert window is not None and window.dips_total in (1, 2, 3)
     assert 0.8 < (window.low_seconds_total or 0) < 1.6
     assert window.min_watts < 200 < 600 < window.max_watts
+
+
+def test_docs_describe_every_scenario_and_parameter() -> None:
+    text = (ROOT / "docs" / "simulate.md").read_text(encoding="utf-8")
+    for name, cls in SCENARIOS.items():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")),
+                   None)
+        assert row is not None, f"docs/simulate.md has no row for {name}"
+        for parameter in [*cls.defaults, *cls.optional]:
+            assert f"`{parameter}`" in row, f"{name}: parameter {parameter} undocumented"
+        for alert in cls.alerts:
+            assert alert in row, f"{name}: alert {alert} undocumented"
