@@ -33,7 +33,9 @@ def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
          "--for=5s", "--scrape-interval=1s", f"--duration={TIMEOUT}",
          "--serve-arg=--collector.gpu.interval=1s"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output, pids = [], []
+    output: list[str] = []
+    pids: list[int] = []
+    prometheus: re.Match[str] | None = None
     try:
         assert demo.stdout is not None
         selector = selectors.DefaultSelector()
@@ -48,14 +50,15 @@ def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
             if control:
                 pids = [e["pid"] for e in json.loads(
                     (Path(control.group(1)) / "exporters.json").read_text())]
-            prometheus = re.match(r"Prometheus: (http://\S+)", line)
-            if prometheus:
-                with urllib.request.urlopen(prometheus.group(1) + "/api/v1/targets") as r:
-                    assert json.load(r)["data"]["activeTargets"], "no targets discovered"
+            prometheus = re.match(r"Prometheus: (http://\S+)", line) or prometheus
             if "[pager] firing: GPUThermalThrottle (critical) node=sim-00 gpu=6" in line:
                 break
         else:
             raise AssertionError("no page from the demo:\n" + "".join(output))
+        assert prometheus is not None
+        with urllib.request.urlopen(prometheus.group(1) + "/api/v1/targets", timeout=5) as r:
+            targets = json.load(r)["data"]["activeTargets"]
+        assert [t["labels"]["node"] for t in targets if t["health"] == "up"] == ["sim-00"]
         assert pids and all(_alive(pid) for pid in pids)
         demo.send_signal(signal.SIGINT)
         assert demo.wait(30) == 0, "".join(output)
