@@ -53,7 +53,7 @@ class Stack:
     prometheus: stack.Server
     alertmanager: stack.Server
     receiver: stack.WebhookReceiver
-    started: float  # time.monotonic() when the simulator started
+    started: float  # time.monotonic() when the stack was up
 
     def node(self, case: Case) -> layout.NodeLayout:
         index = CASES.index(case)
@@ -118,7 +118,6 @@ def e2e() -> Iterator[Stack]:
     scenarios = [arg for index, case in enumerate(CASES) if case.name != "healthy"
                  for arg in ("--scenario", case.scenario.replace(":", f"@sim-{index:02d}:", 1)
                              if ":" in case.scenario else f"{case.scenario}@sim-{index:02d}")]
-    started = time.monotonic()
     with open(work / "simulate.log", "wb") as log:
         simulator = subprocess.Popen(
             [sys.executable, "-m", "exporter", "simulate", f"--dir={work / 'sim'}",
@@ -138,7 +137,8 @@ def e2e() -> Iterator[Stack]:
             prometheus_bin, work / "prometheus",
             stack.prometheus_config(targets, stack.rules_dir(work, FOR),
                                     servers[0].url.removeprefix("http://"), INTERVAL)))
-        yield Stack(work, servers[1], servers[0], receiver, started)
+        # Deadlines count from here: the daemons are up, so the hang's 180 s have begun.
+        yield Stack(work, servers[1], servers[0], receiver, time.monotonic())
     finally:
         for server in reversed(servers):
             server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import subprocess
 import sys
@@ -59,16 +60,26 @@ def test_capture_of_a_simulated_node_replays_identically(work: Path) -> None:
 
 
 def test_replayed_ranks_are_as_old_as_at_capture(work: Path) -> None:
+    """Each spool file is re-dated by the time since capture, so ranks keep their age."""
     node = ticked(work / "sim").nodes[0]
     archive = work / "node.tar.gz"
     subprocess.run([sys.executable, "-m", "exporter", "capture", f"--output={archive}",
                     *node.paths.serve_args()], cwd=ROOT, check=True, capture_output=True,
                    timeout=120)
-    time.sleep(1.5)
+    with tarfile.open(archive) as tar:
+        captured = {Path(m.name).name: m.mtime for m in tar.getmembers()
+                    if "/spool/" in m.name and m.isfile()}
+        manifest = json.load(tar.extractfile("llmmon-capture/manifest.json"))  # type: ignore
+    before = time.time()
     settings = replay_settings(str(archive), settings_for(), into=str(work / "replay"))
-    spool = Path(settings.collectors["ranks"]["spool_dir"])
-    ages = [time.time() - p.stat().st_mtime for p in spool.rglob("rank_*.json")]
-    assert ages and all(age < 1.5 for age in ages)
+    after = time.time()
+    replayed = {p.name: p.stat().st_mtime
+                for p in Path(settings.collectors["ranks"]["spool_dir"]).rglob("rank_*")}
+    assert replayed.keys() == captured.keys() and len(captured) == 16
+    for name, mtime in replayed.items():
+        shift = mtime - captured[name]
+        assert before - manifest["captured_at"] - 1e-3 <= shift <= \
+            after - manifest["captured_at"] + 1e-3
 
 
 def _tar(members: dict[str, bytes]) -> bytes:
