@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
                 lines.append("Prometheus: not installed (apt-get install prometheus); scrape "
                              f"the nodes with file_sd from {simulation.targets_file}")
             lines.append("Ctrl-C stops everything.")
+            (root / "servers.json").write_text(json.dumps(
+                [{"name": s.name, "url": s.url, "pid": s.process.pid} for s in servers]))
             print("\n".join(lines), flush=True)
             simulation.run(stop, args.duration)
         except (RuntimeError, stack.StackError) as exc:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
     output: list[str] = []
     pids: list[int] = []
     prometheus: re.Match[str] | None = None
+    simulated: Path | None = None
     try:
         assert demo.stdout is not None
         selector = selectors.DefaultSelector()
@@ -48,8 +50,9 @@ def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
             output.append(line)
             control = re.search(r"> (\S+)/scenarios$", line.strip())
             if control:
+                simulated = Path(control.group(1))
                 pids = [e["pid"] for e in json.loads(
-                    (Path(control.group(1)) / "exporters.json").read_text())]
+                    (simulated / "exporters.json").read_text())]
             prometheus = re.match(r"Prometheus: (http://\S+)", line) or prometheus
             if "[pager] firing: GPUThermalThrottle (critical) node=sim-00 gpu=6" in line:
                 break
@@ -64,9 +67,18 @@ def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
         assert demo.wait(30) == 0, "".join(output)
         assert not any(_alive(pid) for pid in pids)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait(10)
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        if demo.poll() is None:  # a failed assertion: stop it as a user would, then harder
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait(10)
+        if simulated is not None:  # what a killed demo could not stop or remove
+            servers = simulated.parent / "servers.json"
+            if servers.exists():
+                pids += [s["pid"] for s in json.loads(servers.read_text())]
+            for pid in pids:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(simulated.parent, ignore_errors=True)
