@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -22,6 +23,7 @@ from exporter.sampler import Sampler
 
 log = logging.getLogger("llmmon.diagnose")
 PATH = "/api/v1/diagnose"
+FRESH = 1.0  # seconds: requests more often than this share one observation
 
 
 class Diagnoser:
@@ -49,6 +51,10 @@ class Diagnoser:
             self._thread.join(timeout=2.0)
 
     def _loop(self) -> None:
+        # An observation before every collector has run once would judge a half-empty node.
+        while not self.sampler.wait_first_cycle(1.0):
+            if self._stop.is_set():
+                return
         while not self._stop.is_set():
             try:
                 self.observe()
@@ -57,9 +63,10 @@ class Diagnoser:
             self._stop.wait(self.interval)
 
     def result(self) -> dict[str, Any]:
-        """The report as JSON; before the first observation, one is taken now."""
+        """The report as JSON over the window, brought up to the sampler's latest snapshot:
+        a request adds an observation unless the newest is under FRESH seconds old."""
         observations = self.window.observations()
-        if not observations:
+        if not observations or time.time() - observations[-1].time > FRESH:
             self.observe()
             observations = self.window.observations()
         view = LocalView(observations, "daemon", PATH, self.thresholds)
