@@ -25,8 +25,12 @@ from tests.simulate.test_node import ticked
 MASK = re.compile(r"^((?:" + "|".join(VOLATILE) + r").*\}) .*$", re.M)
 
 
+# A collector run that outlives its timeout on a loaded machine would read as a difference.
+PATIENT = [f"--collector.{cls.name}.timeout=60s" for cls in discover()]
+
+
 def settings_for(*flags: str) -> Settings:
-    args: argparse.Namespace = build_parser().parse_args(["serve", *flags])
+    args: argparse.Namespace = build_parser().parse_args(["serve", *PATIENT, *flags])
     return build_settings(args, discover())
 
 
@@ -35,7 +39,7 @@ def served(settings: Settings) -> str:
     daemon = build(settings)
     daemon.sampler.start()
     try:
-        assert daemon.sampler.wait_first_cycle(30)
+        assert daemon.sampler.wait_first_cycle(90)
         text = daemon.sampler.body(openmetrics=False, compressed=False).decode()
     finally:
         daemon.sampler.stop()
