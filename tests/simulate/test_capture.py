@@ -1,4 +1,5 @@
-"""`llmmon capture` of a simulated node, replayed: the daemon serves the same exposition."""
+"""`llmmon capture` of a simulated node and `llmmon serve --replay` of the archive: both real
+processes serve the same exposition but for the lines `exporter.capture.VOLATILE` names."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import requests
 
 from exporter.capture import VOLATILE, CaptureError, replay_settings
 from exporter.cli import build_parser
 from exporter.collectors import discover
 from exporter.config import Settings, build_settings
-from exporter.daemon import build
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Server
 from tests.simulate.test_node import ticked
 
 MASK = re.compile(r"^((?:" + "|".join(VOLATILE) + r").*\}) .*$", re.M)
@@ -34,29 +36,30 @@ def settings_for(*flags: str) -> Settings:
     return build_settings(args, discover())
 
 
-def served(settings: Settings) -> str:
-    """What `llmmon serve` with these settings serves once every collector ran (masked)."""
-    daemon = build(settings)
-    daemon.sampler.start()
-    try:
-        assert daemon.sampler.wait_first_cycle(90)
-        text = daemon.sampler.body(openmetrics=False, compressed=False).decode()
-    finally:
-        daemon.sampler.stop()
-    return MASK.sub(r"\1 <volatile>", text)
+def scraped(server: Server) -> str:
+    """/metrics of a real `llmmon serve` once every collector ran and the 20 Hz power
+    sampler has a window (masked)."""
+    server.wait_collected(timeout=90)
+    deadline = time.monotonic() + 30
+    while True:
+        text = requests.get(server.url + "/metrics", timeout=10).text
+        if "llmmon_gpu_power_instant_watts{" in text or time.monotonic() > deadline:
+            return MASK.sub(r"\1 <volatile>", text)
+        time.sleep(0.2)
 
 
-def test_capture_of_a_simulated_node_replays_identically(work: Path) -> None:
+def test_capture_of_a_simulated_node_replays_identically(
+        work: Path, serve: Callable[..., Server]) -> None:
     node = ticked(work / "sim", "thermal", "pfc-storm", "straggler").nodes[0]
     flags = [*node.paths.serve_args(), "--collector.topology"]
-    live = served(settings_for(*flags))
+    live = scraped(serve(*flags, *PATIENT))
     archive = work / "node.tar.gz"
     result = subprocess.run([sys.executable, "-m", "exporter", "capture", f"--output={archive}",
                              *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "8 GPU snapshot(s); 0 problem(s)" in result.stdout
 
-    replayed = served(replay_settings(str(archive), settings_for(), into=str(work / "replay")))
+    replayed = scraped(serve("--replay", str(archive), *PATIENT))
     assert replayed == live
     assert 'llmmon_gpu_nearest_nic_info{device="mlx5_0",gpu="0"' in replayed
     assert 'llmmon_rank_up{job_id="pretrain-0",rank="3"} 1.0' in replayed
