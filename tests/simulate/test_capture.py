@@ -38,12 +38,14 @@ def settings_for(*flags: str) -> Settings:
 
 def scraped(server: Server) -> str:
     """/metrics of a real `llmmon serve` once every collector ran and the 20 Hz power
-    sampler has a window (masked)."""
+    sampler has a window for every GPU (masked)."""
     server.wait_collected(timeout=90)
     deadline = time.monotonic() + 30
     while True:
         text = requests.get(server.url + "/metrics", timeout=10).text
-        if "llmmon_gpu_power_instant_watts{" in text or time.monotonic() > deadline:
+        gpus = text.count("\nllmmon_gpu_info{")
+        windows = text.count("\nllmmon_gpu_power_instant_watts{")
+        if (gpus and windows == gpus) or time.monotonic() > deadline:
             return MASK.sub(r"\1 <volatile>", text)
         time.sleep(0.2)
 
