@@ -31,11 +31,12 @@ from common import free_port, scrape_times, stop, wait_http
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collector import Context  # noqa: E402
-from exporter.collectors.gpu import GpuCollector  # noqa: E402
-from exporter.gpu.power import PowerSampler  # noqa: E402
-from exporter.sources.nvml import VIOLATION_POLICIES, open_nvml  # noqa: E402
-from exporter.sampler import render  # noqa: E402
+from llmmon.collector import Context  # noqa: E402
+from llmmon.collectors.gpu import GpuCollector  # noqa: E402
+from llmmon.gpu.power import PowerSampler  # noqa: E402
+from llmmon.sources.nvml import VIOLATION_POLICIES  # noqa: E402
+from llmmon.sources.nvml_open import open_nvml  # noqa: E402
+from llmmon.sampler import render  # noqa: E402
 from tests.core.helpers import make_collector  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "nvml" / "h200x8"
@@ -117,7 +118,7 @@ def sampler_cpu(seconds: float, rate: float) -> dict[str, float]:
 
 def scrape_latency(with_gpu: bool, count: int) -> dict:
     port = free_port()
-    command = [sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{port}",
+    command = [sys.executable, "-m", "llmmon", "serve", f"--web.listen-address=127.0.0.1:{port}",
                "--collector.disable-defaults", "--collector.disk",
                f"--path.procfs={ROOT / 'tests' / 'fixtures' / 'proc'}", "--log.level=warning"]
     if with_gpu:

@@ -30,10 +30,10 @@ from common import free_port, scrape_times, stop, wait_http
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collector import Context  # noqa: E402
-from exporter.collectors.nic import NicCollector  # noqa: E402
-from exporter.collectors.rdma import RdmaCollector  # noqa: E402
-from exporter.sampler import render  # noqa: E402
+from llmmon.collector import Context  # noqa: E402
+from llmmon.collectors.nic import NicCollector  # noqa: E402
+from llmmon.collectors.rdma import RdmaCollector  # noqa: E402
+from llmmon.sampler import render  # noqa: E402
 from tests.core.helpers import make_collector  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -111,7 +111,7 @@ def node_exporter_cost(binary: str, sysfs: Path, runs: int) -> dict[str, object]
 
 def llmmon_scrape(sysfs: Path, dumps: Path, runs: int) -> dict[str, object]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "llmmon", "serve",
                              f"--web.listen-address=127.0.0.1:{port}",
                              "--collector.disable-defaults", "--collector.rdma", "--collector.nic",
                              f"--path.sysfs={sysfs}", f"--ethtool.dumps={dumps}",

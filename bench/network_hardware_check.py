@@ -17,15 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collector import Context  # noqa: E402
-from exporter.collectors.netdev import NetdevCollector  # noqa: E402
-from exporter.collectors.nic import NicCollector  # noqa: E402
-from exporter.collectors.rdma import RdmaCollector  # noqa: E402
-from exporter.collectors.topology import PEER_MEMORY_MODULES, TopologyCollector  # noqa: E402
-from exporter.sampler import render  # noqa: E402
-from exporter.sources import pci  # noqa: E402
-from exporter.sources.fs import RootedFS  # noqa: E402
-from exporter.sources.nvml import NvmlUnavailable, list_gpus, open_nvml  # noqa: E402
+from llmmon.collector import Context  # noqa: E402
+from llmmon.collectors.netdev import NetdevCollector  # noqa: E402
+from llmmon.collectors.nic import NicCollector  # noqa: E402
+from llmmon.collectors.rdma import RdmaCollector  # noqa: E402
+from llmmon.collectors.topology import PEER_MEMORY_MODULES, TopologyCollector  # noqa: E402
+from llmmon.sampler import render  # noqa: E402
+from llmmon.sources import pci  # noqa: E402
+from llmmon.sources.fs import RootedFS  # noqa: E402
+from llmmon.sources.nvml import NvmlUnavailable, list_gpus  # noqa: E402
+from llmmon.sources.nvml_open import open_nvml  # noqa: E402
 from tests.core.helpers import make_collector  # noqa: E402
 
 

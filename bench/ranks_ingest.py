@@ -25,13 +25,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collector import Context, Environment  # noqa: E402
-from exporter.collectors.ranks import RanksCollector  # noqa: E402
-from exporter.config import collector_options  # noqa: E402
-from exporter.reporter import layout, spoolfile  # noqa: E402
-from exporter.reporter.flight import ranges  # noqa: E402
-from exporter.sampler import render  # noqa: E402
-from exporter.sources.fs import RootedFS  # noqa: E402
+from llmmon.collector import Context, Environment  # noqa: E402
+from llmmon.collectors.ranks import RanksCollector  # noqa: E402
+from llmmon.config import collector_options  # noqa: E402
+from llmmon_reporter import layout, spoolfile  # noqa: E402
+from llmmon_reporter.flight import ranges  # noqa: E402
+from llmmon.sampler import render  # noqa: E402
+from llmmon.sources.fs import RootedFS  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "nccl" / "h200_flight_recorder.json"
 COLLS = [("nccl:_all_gather_base", "BFloat16", [[1048576]], [[8388608]]),

@@ -38,8 +38,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from exporter.reporter.stepstats import StepStats
-    from exporter.reporter.worker import Cadence, Reporter
+    from llmmon_reporter.stepstats import StepStats
+    from llmmon_reporter.worker import Cadence, Reporter
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",

@@ -42,8 +42,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from exporter.reporter.stepstats import StepStats
-    from exporter.reporter.worker import Cadence, Reporter
+    from llmmon_reporter.stepstats import StepStats
+    from llmmon_reporter.worker import Cadence, Reporter
 
     sys.path.insert(0, str(ROOT / "bench"))
     from common import free_port

@@ -64,7 +64,7 @@ def main() -> int:
         tree = procfs_tree(args.devices, Path(tmp))
         port = free_port()
         results.append(measure("llmmon", [
-            sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{port}",
+            sys.executable, "-m", "llmmon", "serve", f"--web.listen-address=127.0.0.1:{port}",
             "--collector.disable-defaults", "--collector.disk", f"--path.procfs={tree}",
             "--log.level=warning"], port, args.count))
         node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")

@@ -58,7 +58,7 @@ def measure() -> dict:
     port = free_port()
     with tempfile.TemporaryFile() as log, tempfile.TemporaryDirectory() as work:
         process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", f"--web.listen-address=127.0.0.1:{port}",
+            [sys.executable, "-m", "llmmon", "serve", f"--web.listen-address=127.0.0.1:{port}",
              *(f"{flag}={path}" for flag, path in used), *_ranks_flags(Path(work))],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -35,9 +35,9 @@ from scrape import PROMETHEUS_HEADERS
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.simulate import control  # noqa: E402 (after the checkout is on the path)
-from exporter.simulate.cluster import ClusterConfig  # noqa: E402
-from exporter.simulate.runner import Simulation  # noqa: E402
+from llmmon.simulate import control  # noqa: E402 (after the checkout is on the path)
+from llmmon.simulate.cluster import ClusterConfig  # noqa: E402
+from llmmon.simulate.runner import Simulation  # noqa: E402
 
 HOUR = 3600.0
 SEGMENT = 600.0  # scenario rotation, uncompressed seconds

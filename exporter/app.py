@@ -12,9 +12,9 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from exporter import __version__
-from exporter.collector import Collector
-from exporter.sampler import Sampler
+from llmmon import __version__
+from llmmon.collector import Collector
+from llmmon.sampler import Sampler
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"

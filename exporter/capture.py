@@ -10,7 +10,7 @@
   Devices a collector excludes (device_include/device_exclude) are not read;
 - `proc/`: diskstats, pressure/io, the nfs collector's mountstats and the cgroup file of every
   GPU process (pod attribution);
-- `nvml/`: an NVML snapshot of every GPU in the replay format (`exporter.sources.nvml_snapshot`);
+- `nvml/`: an NVML snapshot of every GPU in the replay format (`llmmon.sources.nvml_snapshot`);
 - `ethtool/`: `ethtool -S` text per interface (copied dumps, or read live);
 - `netlink.json`: the `ip -s -s -j link show` shape (copied, or read live over rtnetlink);
 - `spool/`: the rank spool files, with their modification times;
@@ -36,18 +36,19 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from exporter import __version__
-from exporter.collector import Environment
-from exporter.collectors.nic import NicCollector
-from exporter.collectors.rdma import RdmaCollector
-from exporter.config import Settings
-from exporter.sources import infiniband, pci
-from exporter.sources.ethtool import HEADER, DumpDirectory, Ioctl, StatisticsSource
-from exporter.sources.fs import RootedFS, SourceError
-from exporter.sources.netlink import IpJsonDump, Rtnetlink
-from exporter.sources.nvml import NvmlError, NvmlUnavailable, open_nvml
-from exporter.sources.nvml_snapshot import write_snapshots
-from exporter.sources.spool import SpoolSource
+from llmmon import __version__
+from llmmon.collector import Environment
+from llmmon.collectors.nic import NicCollector
+from llmmon.collectors.rdma import RdmaCollector
+from llmmon.config import Settings
+from llmmon.sources import infiniband, pci
+from llmmon.sources.ethtool import HEADER, DumpDirectory, Ioctl, StatisticsSource
+from llmmon.sources.fs import RootedFS, SourceError
+from llmmon.sources.netlink import IpJsonDump, Rtnetlink
+from llmmon.sources.nvml import NvmlError, NvmlUnavailable
+from llmmon.sources.nvml_open import open_nvml
+from llmmon.sources.nvml_snapshot import write_snapshots
+from llmmon.sources.spool import SpoolSource
 
 FORMAT = 1
 TOP = "llmmon-capture"

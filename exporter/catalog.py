@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter import sampler
-from exporter.collectors import discover
-from exporter.metrics import MetricSpec
+from llmmon import sampler
+from llmmon.collectors import discover
+from llmmon.metrics import MetricSpec
 
 
 def all_specs() -> list[MetricSpec]:

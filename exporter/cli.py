@@ -8,9 +8,9 @@ import logging
 import pkgutil
 import sys
 
-from exporter import __version__, commands
-from exporter.collectors import discover
-from exporter.config import ConfigError, add_serve_arguments, build_settings
+from llmmon import __version__, commands
+from llmmon.collectors import discover
+from llmmon.config import ConfigError, add_serve_arguments, build_settings
 
 log = logging.getLogger("llmmon")
 SWITCH_INTERVAL = 0.0005
@@ -19,14 +19,14 @@ SWITCH_INTERVAL = 0.0005
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from exporter import logs
-    from exporter.daemon import build, split_listen_address
+    from llmmon import logs
+    from llmmon.daemon import build, split_listen_address
 
     classes = discover()
     try:
         settings = build_settings(args, classes)
         if args.replay:
-            from exporter.capture import replay_settings
+            from llmmon.capture import replay_settings
 
             settings = replay_settings(args.replay, settings)
         logs.setup(settings["log.level"], settings["log.format"])
@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
         app = daemon.app
         web = None
         if settings["web.config_file"]:
-            from exporter.webconfig import WebConfig
+            from llmmon.webconfig import WebConfig
 
             web = WebConfig.load(settings["web.config_file"])
             app = web.protect(app)
@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
-    from exporter import docsgen
+    from llmmon import docsgen
 
     sys.stdout.write(docsgen.RENDERERS[args.what]())
     return 0

@@ -13,9 +13,9 @@ from typing import Any, Callable, ClassVar, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.metrics import MetricSpec
-from exporter.options import Option
-from exporter.sources.fs import RootedFS
+from llmmon.metrics import MetricSpec
+from llmmon.options import Option
+from llmmon.sources.fs import RootedFS
 
 log = logging.getLogger("llmmon.collector")
 
@@ -69,7 +69,7 @@ class Context:
 
 
 class Collector:
-    """Base class.  Subclasses are discovered from `exporter.collectors` modules."""
+    """Base class.  Subclasses are discovered from `llmmon.collectors` modules."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from exporter.collector import Collector
-from exporter.options import Option
+from llmmon.collector import Collector
+from llmmon.options import Option
 
 GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("web.listen_address", "str", ":9476",

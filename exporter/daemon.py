@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from exporter import __version__
-from exporter.app import create_app
-from exporter.collector import Collector, Environment
-from exporter.collectors import discover
-from exporter.config import Settings
-from exporter.diagnose import Diagnoser
-from exporter.sampler import Sampler
-from exporter.sources.fs import RootedFS
+from llmmon import __version__
+from llmmon.app import create_app
+from llmmon.collector import Collector, Environment
+from llmmon.collectors import discover
+from llmmon.config import Settings
+from llmmon.diagnose import Diagnoser
+from llmmon.sampler import Sampler
+from llmmon.sources.fs import RootedFS
 
 log = logging.getLogger("llmmon.daemon")
 

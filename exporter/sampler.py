@@ -21,8 +21,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest as render_text
 from prometheus_client.openmetrics.exposition import generate_latest as render_openmetrics
 
-from exporter.collector import Collector, Context, ErrorLog
-from exporter.metrics import Families, MetricSpec
+from llmmon.collector import Collector, Context, ErrorLog
+from llmmon.metrics import Families, MetricSpec
 
 log = logging.getLogger("llmmon.sampler")
 

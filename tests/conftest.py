@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +22,29 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = ROOT / "tests" / "golden"
 REGEN = os.environ.get("LLMMON_REGEN_GOLDEN") == "1"
+
+
+def _source_path() -> Path:
+    """A directory that imports this checkout's packages under their names (llmmon from
+    exporter/, llmmon_reporter from reporter/), first on every path: the suite tests the tree it
+    runs from, also in a second worktree while the editable install points at another."""
+    where = Path(tempfile.mkdtemp(prefix="llmmon-source-"))
+    (where / "llmmon").symlink_to(ROOT / "exporter", target_is_directory=True)
+    (where / "llmmon_reporter").symlink_to(ROOT / "reporter" / "llmmon_reporter",
+                                           target_is_directory=True)
+    atexit.register(shutil.rmtree, where, True)
+    return where
+
+
+SOURCE = _source_path()
+sys.path.insert(0, str(SOURCE))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(SOURCE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def pythonpath() -> str:
+    """PYTHONPATH for a child that imports llmmon and the tests' helpers from this checkout."""
+    return os.pathsep.join([str(SOURCE), str(ROOT)])
 
 
 def free_port() -> int:
@@ -47,7 +73,7 @@ class Server:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve",
+            [sys.executable, "-m", "llmmon", "serve",
              f"--web.listen-address=127.0.0.1:{self.port}", *args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 

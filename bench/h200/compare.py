@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.gpu.clock_events import REASONS
+from llmmon.gpu.clock_events import REASONS
 
 SMI_FIELDS = "power.draw,clocks.sm,clocks_event_reasons.active,temperature.gpu,memory.used"
 BITS = {name: bit for bit, name in REASONS.items()}

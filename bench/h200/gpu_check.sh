@@ -49,7 +49,7 @@ print('python', sys.version.split()[0], 'nvidia-ml-py', version('nvidia-ml-py'))
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 step "llmmon serve on 127.0.0.1:$PORT (gpu collector every 1 s, slow calls every 5 s)"
-python3 -m exporter serve --web.listen-address="127.0.0.1:$PORT" --collector.disable-defaults \
+python3 -m llmmon serve --web.listen-address="127.0.0.1:$PORT" --collector.disable-defaults \
   --collector.gpu --collector.gpu.interval=1s --collector.gpu.slow-interval=5s \
   "${SERVE_EXTRA[@]}" > "$OUT/serve.log" 2>&1 &
 SERVE_PID=$!
@@ -61,7 +61,7 @@ rc=$?
 [ $rc -eq 0 ] || { echo "compare failed ($rc); serve.log tail:"; tail -20 "$OUT/serve.log"; }
 
 step "NVML snapshot in the replay format"
-if timeout 60 python3 -m exporter.sources.nvml_snapshot "$WORK/snapshot" "${SNAPSHOT_EXTRA[@]}"; then
+if timeout 60 python3 -m llmmon.sources.nvml_snapshot "$WORK/snapshot" "${SNAPSHOT_EXTRA[@]}"; then
   cp "$WORK/snapshot/gpu00.json" "$OUT/nvml_snapshot_gpu00.json"
 fi
 step "done: $(ls "$OUT" | tr '\n' ' ')"

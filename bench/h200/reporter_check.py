@@ -48,10 +48,10 @@ def worker(work: Path, port: int, dry_run: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    from exporter import ranks_dumps
-    from exporter.reporter import layout
-    from exporter.reporter.stepstats import StepStats
-    from exporter.reporter.worker import Cadence, Reporter
+    from llmmon.ranks import dumps as fr_dumps
+    from llmmon_reporter import layout
+    from llmmon_reporter.stepstats import StepStats
+    from llmmon_reporter.worker import Cadence, Reporter
 
     device, backend = ("cpu", "gloo") if dry_run else ("cuda", "nccl")
     width, tokens, phase_seconds = (256, 256, 2.0) if dry_run else (WIDTH, TOKENS, PHASE_SECONDS)
@@ -129,7 +129,7 @@ def worker(work: Path, port: int, dry_run: bool) -> None:
     (work / "worker.json").write_text(json.dumps(result))  # in case the dump hangs
     # the daemon's request, through the dump pipe (ProcessGroupNCCL's; the reporter's on gloo)
     started = time.monotonic()
-    result["dump_request"] = ranks_dumps.request(str(work / "pipe"), JOB, [0])
+    result["dump_request"] = fr_dumps.request(str(work / "pipe"), JOB, [0])
     prefix = Path(layout.file_prefix(str(work / "fr"), JOB))
     while time.monotonic() - started < 20 and not any(
             p.stat().st_size for p in prefix.parent.glob(prefix.name + "0*")):
@@ -202,16 +202,16 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
 
     Without prometheus_client on the machine the same ledger is read directly (the numbers
     the collector would render)."""
-    from exporter.ranks_hang import evidence
+    from llmmon.ranks.hang import evidence
 
     now = time.time()
     if prometheus_available():
         from prometheus_client.parser import text_string_to_metric_families
 
-        from exporter.collector import Context, Environment
-        from exporter.collectors.ranks import RanksCollector
-        from exporter.sampler import render
-        from exporter.sources.fs import RootedFS
+        from llmmon.collector import Context, Environment
+        from llmmon.collectors.ranks import RanksCollector
+        from llmmon.sampler import render
+        from llmmon.sources.fs import RootedFS
 
         config = {o.key: o.parse(o.default) for o in RanksCollector.options}
         config.update(spool_dir=str(spool), fr_dir=str(work / "fr"), pipe_dir=str(work / "pipe"),
@@ -226,9 +226,9 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
                                   if k not in ("job_id", "rank"))
                 values[(sample.name, labels)] = sample.value
         return values, collector.evidence()
-    from exporter.ranks_ingest import SpoolIngest
-    from exporter.ranks_ledger import Ledger
-    from exporter.sources.spool import SpoolSource
+    from llmmon.ranks.ingest import SpoolIngest
+    from llmmon.ranks.ledger import Ledger
+    from llmmon.sources.spool import SpoolSource
 
     ledger = Ledger(8)
     SpoolIngest(SpoolSource(str(spool), 64 << 20, 64), ledger, 30, 600).run(now)
@@ -340,7 +340,7 @@ def check(worker_result: dict[str, Any], spool: Path, work: Path, out: Path) -> 
     checks["reporter_healthy"] = health["errors_total"] == 0 and worker_result["flushed"]
 
     # the dump through the dump pipe, kept by the daemon's keeper
-    from exporter.ranks_dumps import DumpKeeper
+    from llmmon.ranks.dumps import DumpKeeper
 
     kept = DumpKeeper(str(work / "fr"), keep=2, settle=0.5).harvest(time.time() + 1)
     dumps = sorted((work / "fr").rglob("rank_0*"))

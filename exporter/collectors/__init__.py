@@ -6,7 +6,7 @@ import importlib
 import inspect
 import pkgutil
 
-from exporter.collector import Collector
+from llmmon.collector import Collector
 
 
 def discover() -> list[type[Collector]]:

@@ -12,10 +12,10 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources.fs import SourceError
+from llmmon.collector import Collector, Context
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources.fs import SourceError
 
 SECTOR = 512
 

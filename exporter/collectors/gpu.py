@@ -17,23 +17,23 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context, Environment
-from exporter.gpu.cgroup import pod_of
-from exporter.gpu.clock_events import decompose
-from exporter.gpu.peak_flops import peak_flops
-from exporter.gpu.power import PowerSampler
-from exporter.gpu.xid import XidWatcher
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources.nvml import (
+from llmmon.collector import Collector, Context, Environment
+from llmmon.gpu.cgroup import pod_of
+from llmmon.gpu.clock_events import decompose
+from llmmon.gpu.peak_flops import peak_flops
+from llmmon.gpu.power import PowerSampler
+from llmmon.gpu.xid import XidWatcher
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources.nvml import (
     NVLINK_MAX_LINKS,
     VIOLATION_POLICIES,
     Field,
     NvmlError,
     NvmlSource,
     NvmlUnavailable,
-    open_nvml,
 )
+from llmmon.sources.nvml_open import open_nvml
 
 LABELS = ("gpu", "uuid")
 MHZ = 1e6

@@ -12,12 +12,12 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context, Environment
-from exporter.device_filter import DeviceFilter, filter_options
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources.fs import SourceError
-from exporter.sources.netlink import IpJsonDump, LinkSource, Rtnetlink
+from llmmon.collector import Collector, Context, Environment
+from llmmon.network.device_filter import DeviceFilter, filter_options
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources.fs import SourceError
+from llmmon.sources.netlink import IpJsonDump, LinkSource, Rtnetlink
 
 DEFAULT_EXCLUDE = (r"^(lo|veth.*|cali.*|cilium.*|lxc.*|flannel.*|cni.*|docker.*|br-.*|"
                    r"virbr.*|vxlan.*|genev_sys_.*|tunl.*|kube-ipvs.*|nodelocaldns)$")

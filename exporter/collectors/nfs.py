@@ -14,11 +14,11 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context, Environment
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources import mountstats
-from exporter.sources.fs import SourceError
+from llmmon.collector import Collector, Context, Environment
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources import mountstats
+from llmmon.sources.fs import SourceError
 
 MOUNT = ("mountpoint", "export")
 OPERATION = MOUNT + ("operation",)

@@ -1,5 +1,5 @@
 """PFC and pause, drop, buffer, PCIe-stall and link-error counters from NIC driver statistics
-(`ethtool -S`), mapped per driver by the regex tables in `exporter.nic_mappings`.
+(`ethtool -S`), mapped per driver by the regex tables in `llmmon.network.nic_mappings`.
 
 This is the lossless-fabric branch of the triage tree: a NIC sending pause frames for long
 (`direction="tx"`) is the congested one; pause-storm events mean the NIC gave up pausing and
@@ -14,14 +14,14 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter import nic_mappings as m
-from exporter.collector import Collector, Context, Environment
-from exporter.device_filter import DeviceFilter, filter_options
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources import pci
-from exporter.sources.ethtool import DumpDirectory, Ioctl, NoStatistics, StatisticsSource
-from exporter.sources.fs import SourceError
+from llmmon.network import nic_mappings as m
+from llmmon.collector import Collector, Context, Environment
+from llmmon.network.device_filter import DeviceFilter, filter_options
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources import pci
+from llmmon.sources.ethtool import DumpDirectory, Ioctl, NoStatistics, StatisticsSource
+from llmmon.sources.fs import SourceError
 
 MAX_CACHED_NAMES = 1 << 16
 

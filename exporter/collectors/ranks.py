@@ -1,6 +1,6 @@
 """Training ranks: PyTorch allocator, NCCL progress and timings, step metrics, hang evidence.
 
-Reads the spool the in-process reporter writes (exporter/reporter), keeps counters across
+Reads the spool the in-process reporter writes (reporter/llmmon_reporter), keeps counters across
 reads in a ledger, serves the hang evidence at /api/v1/ranks and, once a group has made no
 progress for `dump_after`, asks its ranks for a Flight Recorder dump through the dump pipe.
 """
@@ -15,14 +15,14 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter import ranks_dumps, ranks_hang
-from exporter.collector import Collector, Context
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.ranks_ingest import SpoolIngest
-from exporter.ranks_ledger import DURATION_BUCKETS, Ledger, RankTrack
-from exporter.reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
-from exporter.sources.spool import SpoolSource
+from llmmon.ranks import dumps, hang
+from llmmon.collector import Collector, Context
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.ranks.ingest import SpoolIngest
+from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
+from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
+from llmmon.sources.spool import SpoolSource
 
 log = logging.getLogger("llmmon.ranks")
 RANK = ("job_id", "rank")
@@ -166,14 +166,14 @@ class RanksCollector(Collector):
                                   config["max_files"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
                                   config["drop_after"])
-        self.keeper = ranks_dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
+        self.keeper = dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()
         self._dumps_requested: Counter[str] = Counter()
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
         self._lock = threading.Lock()
-        self._evidence: dict[str, Any] = ranks_hang.evidence(
+        self._evidence: dict[str, Any] = hang.evidence(
             self.ledger, time.time(), config["stale_after"], config["stall_after"])
 
     def api(self) -> dict[str, Any]:
@@ -190,7 +190,7 @@ class RanksCollector(Collector):
         if job_id not in jobs:
             raise ValueError(f"unknown job_id {job_id!r}; known here: {sorted(jobs)}")
         ranks = [r["rank"] for r in jobs[job_id]["ranks"]]
-        results = ranks_dumps.request(self.config["pipe_dir"], job_id, ranks)
+        results = dumps.request(self.config["pipe_dir"], job_id, ranks)
         with self._lock:
             self._dumps_requested[job_id] += 1
         log.warning("job %s: Flight Recorder dump requested over HTTP: %s", job_id, results)
@@ -210,7 +210,7 @@ class RanksCollector(Collector):
             ctx.error(problem.key, problem.message)
             self._rejected[problem.reason] += 1
         self._sanitised.update(result.sanitised)
-        evidence = ranks_hang.evidence(self.ledger, now, self.config["stale_after"],
+        evidence = hang.evidence(self.ledger, now, self.config["stale_after"],
                                        self.config["stall_after"])
         with self._lock:
             self._evidence = evidence
@@ -231,7 +231,7 @@ class RanksCollector(Collector):
                     continue
                 self._dumped.add(stuck)
                 ranks = [r["rank"] for r in job["ranks"]]
-                results = ranks_dumps.request(self.config["pipe_dir"], job["job_id"], ranks)
+                results = dumps.request(self.config["pipe_dir"], job["job_id"], ranks)
                 self._dumps_requested[job["job_id"]] += 1
                 log.warning("%s; requested a Flight Recorder dump: %s", group["summary"], results)
         live = {job["job_id"] for job in evidence["jobs"]}
@@ -271,7 +271,7 @@ class RanksCollector(Collector):
                 if pg not in seen:
                     seen.add(pg)
                     families.add(PG_INFO, [job, pg, group.desc, str(group.size),
-                                           ranks_hang.join_spans(group.ranks)], 1)
+                                           hang.join_spans(group.ranks)], 1)
 
     @staticmethod
     def _rank_families(families: Families, track: RankTrack, now: float,

@@ -15,12 +15,12 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context, Environment
-from exporter.device_filter import DeviceFilter, filter_options
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources import infiniband, pci
-from exporter.sources.fs import SourceError
+from llmmon.collector import Collector, Context, Environment
+from llmmon.network.device_filter import DeviceFilter, filter_options
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources import infiniband, pci
+from llmmon.sources.fs import SourceError
 
 PORT = ("device", "port")
 ACTIVE, LINK_UP = 4, 5

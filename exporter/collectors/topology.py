@@ -15,12 +15,13 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collector import Collector, Context, Environment
-from exporter.metrics import Families, MetricSpec
-from exporter.options import Option
-from exporter.sources import infiniband, pci
-from exporter.sources.nvml import NvmlError, NvmlUnavailable, list_gpus, open_nvml
-from exporter.sources.pci import PciPath
+from llmmon.collector import Collector, Context, Environment
+from llmmon.metrics import Families, MetricSpec
+from llmmon.options import Option
+from llmmon.sources import infiniband, pci
+from llmmon.sources.nvml import NvmlError, NvmlUnavailable, list_gpus
+from llmmon.sources.nvml_open import open_nvml
+from llmmon.sources.pci import PciPath
 
 PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
 PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.collectors import discover
-from exporter.config import ConfigError, add_serve_arguments, build_settings
+from llmmon.collectors import discover
+from llmmon.config import ConfigError, add_serve_arguments, build_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter.capture import capture
+    from llmmon.capture import capture
 
     try:
         settings = build_settings(args, discover())

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from exporter.commands.simulate import add_cluster_arguments, cluster_config, specs, \
+from llmmon.commands.simulate import add_cluster_arguments, cluster_config, specs, \
     stop_on_signals, work_dir
 
 if TYPE_CHECKING:
-    from exporter.simulate.stack import Notification
+    from llmmon.simulate.stack import Notification
 
 GRAFANA_IMAGE = "grafana/grafana:11.2.0"
 
@@ -50,7 +50,7 @@ def _print_notification(note: Notification) -> None:
 
 def grafana_provisioning(work: Path, prometheus: str, interval: str) -> Path:
     """Data source and dashboard provider files for a local Grafana."""
-    from exporter.simulate.stack import DASHBOARDS
+    from llmmon.simulate.stack import DASHBOARDS
 
     root = work / "grafana"
     shipped = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources" / "prometheus.yaml")
@@ -70,9 +70,9 @@ def grafana_provisioning(work: Path, prometheus: str, interval: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter import logs
-    from exporter.simulate import stack
-    from exporter.simulate.runner import Simulation
+    from llmmon import logs
+    from llmmon.simulate import stack
+    from llmmon.simulate.runner import Simulation
 
     logs.setup("warning", "logfmt")
     servers: list[stack.Server] = []

@@ -1,6 +1,6 @@
 """`llmmon diagnose`: verdicts with their evidence, one branch of the triage tree at a time.
 
-By default it walks the whole decision tree of DESIGN.md §1 (exporter.diagnose: this node's
+By default it walks the whole decision tree of DESIGN.md §1 (llmmon.diagnose: this node's
 daemon, or the cluster with `--prometheus`; `--precision` ... `--network` restrict it).  Each
 `Branch` here adds its own flags, gathers its own evidence and returns findings; `--<branch>`
 prints those instead of the tree.  Exit status: 0 when nothing is critical or suspect, 1 when
@@ -18,12 +18,12 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from exporter import ranks_dumps, ranks_hang
-from exporter.diagnose import command as tree
-from exporter.ranks_ingest import SpoolIngest
-from exporter.ranks_ledger import Ledger
-from exporter.reporter.layout import DEFAULT_PIPE_DIR
-from exporter.sources.spool import SpoolSource
+from llmmon.ranks import dumps, hang
+from llmmon.diagnose import command as tree
+from llmmon.ranks.ingest import SpoolIngest
+from llmmon.ranks.ledger import Ledger
+from llmmon_reporter.layout import DEFAULT_PIPE_DIR
+from llmmon.sources.spool import SpoolSource
 
 SEVERITIES = ("ok", "info", "warning", "critical")
 
@@ -85,7 +85,7 @@ class RanksBranch:
             ledger = Ledger(max_ranks=4096)
             now = time.time()
             SpoolIngest(source, ledger, args.stale_after, float("inf")).run(now)
-            return ranks_hang.evidence(ledger, now, args.stale_after, args.stall_after)
+            return hang.evidence(ledger, now, args.stale_after, args.stall_after)
         return fetch_json(f"{args.url.rstrip('/')}/api/v1/ranks")
 
     def run(self, args: argparse.Namespace) -> list[Finding]:
@@ -111,7 +111,7 @@ class RanksBranch:
                 findings.append(Finding(self.name, severity, group["summary"], group))
             if args.dump and job["stalled_groups"]:
                 ranks = [r["rank"] for r in job["ranks"]]
-                results = ranks_dumps.request(args.pipe_dir, job["job_id"], ranks)
+                results = dumps.request(args.pipe_dir, job["job_id"], ranks)
                 findings.append(Finding(self.name, "info",
                                         f"job {job['job_id']}: Flight Recorder dump requested: "
                                         f"{results}", {"dump": results}))

@@ -13,11 +13,12 @@ import socket
 import sys
 from typing import Mapping
 
-import exporter
-from exporter.reporter import identity, layout
+import llmmon_reporter
+from llmmon_reporter import identity, layout
 
-BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(exporter.__file__)), "reporter", "boot")
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(exporter.__file__)))
+# The only path added for the trainer: a directory holding the start-up hook alone, which loads
+# the reporter from its own package directory (see boot/sitecustomize.py).
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(llmmon_reporter.__file__)), "boot")
 TIMING_COST = ("adds a CUDA start event per collective for `duration_ms`; it breaks NCCL/GEMM "
                "overlap with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron, TransformerEngine; "
                "pytorch#143890) and raises the risk of a watchdog hang. Turn it on per job or "
@@ -71,8 +72,9 @@ def environment(env: Mapping[str, str], job: str, spool: str, fr_dir: str, pipe_
     out.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1" if dump_on_timeout else "0")
     if timing:
         out["TORCH_NCCL_ENABLE_TIMING"] = "1"
-    paths = [BOOT_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
-    out["PYTHONPATH"] = os.pathsep.join(paths + [PACKAGE_ROOT])
+    paths = [BOOT_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep)
+                          if p and os.path.abspath(p) != BOOT_DIR]
+    out["PYTHONPATH"] = os.pathsep.join(paths)
     return out
 
 

@@ -13,12 +13,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from exporter.simulate.cluster import ClusterConfig
-from exporter.simulate.control import Spec, SpecError, parse
-from exporter.simulate.scenarios import SCENARIOS
+from llmmon.simulate.cluster import ClusterConfig
+from llmmon.simulate.control import Spec, SpecError, parse
+from llmmon.simulate.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
-    from exporter.simulate.runner import Simulation
+    from llmmon.simulate.runner import Simulation
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,8 +134,8 @@ def describe(simulation: Simulation, serving: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporter import logs
-    from exporter.simulate.runner import Simulation
+    from llmmon import logs
+    from llmmon.simulate.runner import Simulation
 
     if args.list_scenarios:
         print(scenario_list())

@@ -4,6 +4,6 @@
 `TREE` over any `View` (a local window, or a Prometheus server with the shipped rules).
 """
 
-from exporter.diagnose.service import Diagnoser
+from llmmon.diagnose.service import Diagnoser
 
 __all__ = ["Diagnoser"]

@@ -16,15 +16,15 @@ from typing import Any
 
 import requests
 
-from exporter.diagnose import render
-from exporter.diagnose.branches import TREE
-from exporter.diagnose.model import worst
-from exporter.diagnose.prometheus import PrometheusView
-from exporter.diagnose.service import PATH
-from exporter.diagnose.thresholds import Thresholds, ThresholdsError
-from exporter.diagnose.tree import evaluate
-from exporter.diagnose.view import SourceError
-from exporter.diagnose.window import LocalView, Window
+from llmmon.diagnose import render
+from llmmon.diagnose.branches import TREE
+from llmmon.diagnose.model import worst
+from llmmon.diagnose.prometheus import PrometheusView
+from llmmon.diagnose.service import PATH
+from llmmon.diagnose.thresholds import Thresholds, ThresholdsError
+from llmmon.diagnose.tree import evaluate
+from llmmon.diagnose.view import SourceError
+from llmmon.diagnose.window import LocalView, Window
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

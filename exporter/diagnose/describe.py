@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.diagnose.model import Evidence
-from exporter.diagnose.view import Sample
+from llmmon.diagnose.model import Evidence
+from llmmon.diagnose.view import Sample
 
 # Labels that say where a series comes from; Prometheus adds cluster and node at scrape time.
 PLACE = ("cluster", "node")

@@ -11,7 +11,7 @@ import time
 
 import requests
 
-from exporter.diagnose.view import Sample, SourceError
+from llmmon.diagnose.view import Sample, SourceError
 
 
 class PrometheusError(SourceError):

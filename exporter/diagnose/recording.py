@@ -9,15 +9,12 @@ their rule that exist locally (no `cluster` or `node`: a local window is one nod
 from __future__ import annotations
 
 from statistics import median
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.view import Sample, group, index, key, total
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.view import Sample, View, group, index, key, total
 
-if TYPE_CHECKING:
-    from exporter.diagnose.window import LocalView
-
-Rule = Callable[["LocalView", Thresholds], "list[Sample] | None"]
+Rule = Callable[[View, Thresholds], "list[Sample] | None"]
 RATE = "1m"  # the rules' ranges; a local window uses its own span
 
 
@@ -34,7 +31,7 @@ def _ratio(numerator: list[Sample], denominator: list[Sample],
             for k in sorted(tops.keys() & bottoms.keys()) if bottoms[k] > 0]
 
 
-def gpus_of_jobs(view: LocalView, _: Thresholds) -> list[Sample]:
+def gpus_of_jobs(view: View, _: Thresholds) -> list[Sample]:
     """uuid_job_id:llmmon_rank_info:max_up: GPUs running an alive rank, by job."""
     alive = {key(s, ("job_id", "rank")) for s in view.instant("llmmon_rank_up") if s.value == 1}
     pairs = {key(s, ("uuid", "job_id")) for s in view.instant("llmmon_rank_info")
@@ -42,7 +39,7 @@ def gpus_of_jobs(view: LocalView, _: Thresholds) -> list[Sample]:
     return [Sample(_labels(("uuid", "job_id"), pair), 1.0) for pair in sorted(pairs)]
 
 
-def mfu(view: LocalView, thresholds: Thresholds) -> list[Sample] | None:
+def mfu(view: View, thresholds: Thresholds) -> list[Sample] | None:
     """job_id:llmmon_training_mfu:ratio: model FLOP/s over the bf16 peak of the job's GPUs."""
     flops = view.rate("llmmon_training_model_flops_total", "5m")
     if flops is None:
@@ -53,7 +50,7 @@ def mfu(view: LocalView, thresholds: Thresholds) -> list[Sample] | None:
     return _ratio(flops, capacity, "job_id")
 
 
-def job_gpu_power(view: LocalView, thresholds: Thresholds) -> list[Sample]:
+def job_gpu_power(view: View, thresholds: Thresholds) -> list[Sample]:
     """uuid_job_id:llmmon_gpu_power_watts:max: power of each GPU of each job."""
     power = index(view.instant("llmmon_gpu_power_watts"), "uuid")
     found = []
@@ -64,7 +61,7 @@ def job_gpu_power(view: LocalView, thresholds: Thresholds) -> list[Sample]:
     return found
 
 
-def fragmentation(view: LocalView, _: Thresholds) -> list[Sample]:
+def fragmentation(view: View, _: Thresholds) -> list[Sample]:
     """job_id_rank:llmmon_torch_memory_fragmentation:ratio: reserved memory holding no tensor."""
     allocated = index(view.instant("llmmon_torch_memory_allocated_bytes"), "job_id", "rank")
     found = []
@@ -76,7 +73,7 @@ def fragmentation(view: LocalView, _: Thresholds) -> list[Sample]:
     return found
 
 
-def reserved_share(view: LocalView, _: Thresholds) -> list[Sample]:
+def reserved_share(view: View, _: Thresholds) -> list[Sample]:
     """job_id_rank:llmmon_torch_memory_reserved_per_gpu_memory:ratio: reserved / GPU memory."""
     gpu_of = {key(s, ("job_id", "rank")): s.get("uuid") for s in view.instant("llmmon_rank_info")}
     memory = view.instant("llmmon_gpu_memory_bytes", 'state="total"')
@@ -91,7 +88,7 @@ def reserved_share(view: LocalView, _: Thresholds) -> list[Sample]:
     return found
 
 
-def _rate_ratio(view: LocalView, numerator: str, denominator: str, labels: tuple[str, ...],
+def _rate_ratio(view: View, numerator: str, denominator: str, labels: tuple[str, ...],
                 window: str = RATE, selector: str = "") -> list[Sample] | None:
     """sum by (labels) (rate(numerator)) / (sum by (labels) (rate(denominator)) > 0)."""
     top = view.rate(numerator, window, selector)
@@ -101,20 +98,20 @@ def _rate_ratio(view: LocalView, numerator: str, denominator: str, labels: tuple
     return _ratio(top, bottom, *labels)
 
 
-def busbw(view: LocalView, _: Thresholds) -> list[Sample] | None:
+def busbw(view: View, _: Thresholds) -> list[Sample] | None:
     """job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m: bus bytes per second in collectives."""
     return _rate_ratio(view, "llmmon_nccl_bus_bytes_total",
                        "llmmon_nccl_collective_duration_seconds_sum", ("job_id", "pg"))
 
 
-def mean_collective_seconds(view: LocalView, thresholds: Thresholds) -> list[Sample] | None:
+def mean_collective_seconds(view: View, thresholds: Thresholds) -> list[Sample] | None:
     """job_id_rank_pg:llmmon_nccl_collective_duration_seconds:mean10m (symmetric collectives)."""
     return _rate_ratio(view, "llmmon_nccl_collective_duration_seconds_sum",
                        "llmmon_nccl_collective_duration_seconds_count", ("job_id", "rank", "pg"),
                        "10m", f'coll=~"{thresholds.straggler_collectives}"')
 
 
-def straggler_score(view: LocalView, thresholds: Thresholds) -> list[Sample] | None:
+def straggler_score(view: View, thresholds: Thresholds) -> list[Sample] | None:
     """job_id_rank:llmmon_nccl_straggler_score:ratio: how much less a rank waits than the
     median rank of its group, the largest over its groups."""
     means = mean_collective_seconds(view, thresholds)
@@ -133,12 +130,12 @@ def straggler_score(view: LocalView, thresholds: Thresholds) -> list[Sample] | N
 
 
 def _rate_of(name: str, window: str = RATE) -> Rule:
-    def rule(view: LocalView, _: Thresholds) -> list[Sample] | None:
+    def rule(view: View, _: Thresholds) -> list[Sample] | None:
         return view.rate(name, window)
     return rule
 
 
-def read_latency(view: LocalView, _: Thresholds) -> list[Sample] | None:
+def read_latency(view: View, _: Thresholds) -> list[Sample] | None:
     """node_device:llmmon_disk_read_latency_seconds:rate1m: seconds per completed read."""
     return _rate_ratio(view, "llmmon_disk_read_seconds_total", "llmmon_disk_reads_total",
                        ("device",))
@@ -151,7 +148,7 @@ LOSS_COUNTERS = (("out_of_sequence", "llmmon_rdma_out_of_sequence_total"),
                  ("roce_adp_retransmits", "llmmon_rdma_roce_adp_retransmits_total"))
 
 
-def rdma_loss(view: LocalView, _: Thresholds) -> list[Sample] | None:
+def rdma_loss(view: View, _: Thresholds) -> list[Sample] | None:
     """node_device_port:llmmon_rdma_loss_events:rate5m: loss events per second, by counter."""
     found = []
     for counter, name in LOSS_COUNTERS:

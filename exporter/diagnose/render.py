@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exporter.diagnose.branches import TREE
+from llmmon.diagnose.branches import TREE
 
 NUMBER = {branch.id: number for number, branch in enumerate(TREE, 1)}  # the tree's order
 MARK = {"ok": "ok", "suspect": "SUSPECT", "unknown": "no data"}

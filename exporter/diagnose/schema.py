@@ -1,6 +1,6 @@
 """The JSON Schema of a diagnosis report, generated from the model (docs/diagnose.schema.json).
 
-    python -m exporter.diagnose.schema > docs/diagnose.schema.json
+    python -m llmmon.diagnose.schema > docs/diagnose.schema.json
 
 A test fails when the committed schema and the model drift apart; `model.SCHEMA` names the
 version every report carries.
@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from exporter.diagnose.model import SCHEMA, Report
+from llmmon.diagnose.model import SCHEMA, Report
 
 ADAPTER = TypeAdapter(Report)
 

@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from exporter.diagnose.branches import TREE
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import evaluate
-from exporter.diagnose.window import LocalView, Window
-from exporter.sampler import Sampler
+from llmmon.diagnose.branches import TREE
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import evaluate
+from llmmon.diagnose.window import LocalView, Window
+from llmmon.sampler import Sampler
 
 log = logging.getLogger("llmmon.diagnose")
 PATH = "/api/v1/diagnose"

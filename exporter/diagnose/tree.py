@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from exporter.diagnose.model import SCHEMA, Branch, Check, Outcome, Report, Source, unknown, \
+from llmmon.diagnose.model import SCHEMA, Branch, Check, Outcome, Report, Source, unknown, \
     worst
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.view import SourceError, View
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.view import SourceError, View
 
 log = logging.getLogger("llmmon.diagnose")
 

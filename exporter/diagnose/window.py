@@ -18,10 +18,10 @@ from typing import Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.diagnose import matchers
-from exporter.diagnose.recording import RULES
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.view import Sample
+from llmmon.diagnose import matchers
+from llmmon.diagnose.recording import RULES
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.view import Sample
 
 LabelKey = tuple[tuple[str, str], ...]
 Snapshot = dict[str, dict[LabelKey, float]]  # sample name -> label set -> value

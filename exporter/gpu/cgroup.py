@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from exporter.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import RootedFS, SourceError
 
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
                   r"(?:\.slice)?$")

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from exporter.sources.nvml import NvmlError, NvmlSource
+from llmmon.sources.nvml import NvmlError, NvmlSource
 
 POWER_INSTANT = "NVML_FI_DEV_POWER_INSTANT"
 MAX_GAP_PERIODS = 3  # a late sample accrues at most this many periods of low time

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from exporter.sources.nvml import EventSet, NvmlError, NvmlSource, XID_CRITICAL_EVENT
+from llmmon.sources.nvml import EventSet, NvmlError, NvmlSource, XID_CRITICAL_EVENT
 
 WAIT_S = 0.5
 BACKOFF_S = (1.0, 30.0)

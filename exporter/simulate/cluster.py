@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.simulate import layout
-from exporter.simulate.control import Spec
-from exporter.simulate.job import Job, JobEffects, Rank
-from exporter.simulate.node import NodeSim
-from exporter.simulate.scenarios import SCENARIOS, Scenario, Tick
+from llmmon.simulate import layout
+from llmmon.simulate.control import Spec
+from llmmon.simulate.job import Job, JobEffects, Rank
+from llmmon.simulate.node import NodeSim
+from llmmon.simulate.scenarios import SCENARIOS, Scenario, Tick
 
 FIRST_PID = 41000
 

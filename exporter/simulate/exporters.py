@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.simulate.node import NodeSim
+from llmmon.simulate.node import NodeSim
 
 READY_TIMEOUT = 120.0  # ten daemons importing FastAPI on two busy cores take a while
 
@@ -60,7 +60,7 @@ def start(nodes: list[NodeSim], host: str, port_base: int,
             log = node.paths.root / "serve.log"
             with open(log, "ab") as handle:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "exporter", "serve",
+                    [sys.executable, "-m", "llmmon", "serve",
                      f"--web.listen-address={host}:{port}", *node.paths.serve_args(),
                      *extra_args],
                     stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.reporter.stepstats import STEP_BUCKETS
+from llmmon_reporter.stepstats import STEP_BUCKETS
 
 STEP_SECONDS = 1.9
 COLLECTIVES_PER_STEP = 8  # half all-gathers (parameters), half reduce-scatters (gradients)

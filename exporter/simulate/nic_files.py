@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 
-from exporter.simulate.conditions import Counters, NodeCondition, PortCondition
-from exporter.simulate.layout import NodeLayout
-from exporter.simulate.sysfs_files import MTU_ROCE, MTU_TCP, PACKET_BYTES
+from llmmon.simulate.conditions import Counters, NodeCondition, PortCondition
+from llmmon.simulate.layout import NodeLayout
+from llmmon.simulate.sysfs_files import MTU_ROCE, MTU_TCP, PACKET_BYTES
 
 HEADER = "NIC statistics:"
 LOSSLESS = 3

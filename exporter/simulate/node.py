@@ -8,19 +8,19 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.simulate import nic_files, proc_files, sysfs_files
-from exporter.simulate.conditions import (
+from llmmon.simulate import nic_files, proc_files, sysfs_files
+from llmmon.simulate.conditions import (
     Counters,
     DiskCondition,
     GpuCondition,
     NodeCondition,
     PortCondition,
 )
-from exporter.simulate.job import Job
-from exporter.simulate.layout import NodeLayout
-from exporter.simulate.nvml_files import GpuFiles, Process
-from exporter.simulate.spool_files import SpoolWriter, pod_name
-from exporter.simulate.tree import Tree
+from llmmon.simulate.job import Job
+from llmmon.simulate.layout import NodeLayout
+from llmmon.simulate.nvml_files import GpuFiles, Process
+from llmmon.simulate.spool_files import SpoolWriter, pod_name
+from llmmon.simulate.tree import Tree
 
 DATA_LOADING = 60e6  # bytes/s a running job streams from the storage fabric per NIC
 BACKGROUND = 2e3  # RDMA bytes/s of an idle port (connection management)

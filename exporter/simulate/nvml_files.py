@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.simulate.conditions import (
+from llmmon.simulate.conditions import (
     GPU_IDLE,
     HW_THERMAL,
     SW_POWER_CAP,
@@ -25,7 +25,7 @@ from exporter.simulate.conditions import (
     Counters,
     GpuCondition,
 )
-from exporter.simulate.layout import Gpu
+from llmmon.simulate.layout import Gpu
 
 DATA = Path(__file__).resolve().parent / "data"
 CAPTURE: dict[str, Any] = json.loads((DATA / "h200_nvml.json").read_text(encoding="utf-8"))

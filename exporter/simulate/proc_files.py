@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from exporter.simulate.conditions import Counters, DiskCondition
-from exporter.simulate.layout import Disk
-from exporter.simulate.tree import Tree
+from llmmon.simulate.conditions import Counters, DiskCondition
+from llmmon.simulate.layout import Disk
+from llmmon.simulate.tree import Tree
 
 SECTOR = 512
 FIELDS = ("reads", "reads_merged", "sectors_read", "read_ms", "writes", "writes_merged",

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from exporter.simulate import control, exporters
-from exporter.simulate.cluster import Cluster, ClusterConfig
-from exporter.simulate.control import ControlFile, Spec, SpecError
+from llmmon.simulate import control, exporters
+from llmmon.simulate.cluster import Cluster, ClusterConfig
+from llmmon.simulate.control import ControlFile, Spec, SpecError
 
 log = logging.getLogger("llmmon.simulate")
 CONTROL_FILE = "scenarios"

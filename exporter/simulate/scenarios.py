@@ -14,15 +14,15 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exporter.simulate.conditions import (
+from llmmon.simulate.conditions import (
     HW_SLOWDOWN,
     HW_THERMAL,
     SW_THERMAL,
     DiskCondition,
     NodeCondition,
 )
-from exporter.simulate.job import GIB, INACTIVE_SPLIT, RESERVED, Job, JobEffects
-from exporter.simulate.layout import NodeLayout
+from llmmon.simulate.job import GIB, INACTIVE_SPLIT, RESERVED, Job, JobEffects
+from llmmon.simulate.layout import NodeLayout
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import os
 import time
 from typing import Any
 
-from exporter.reporter import layout, spoolfile
-from exporter.reporter.flight import GENERIC_API, ranges
-from exporter.reporter.stepstats import STEP_BUCKETS
-from exporter.simulate.job import Job, Rank
+from llmmon_reporter import layout, spoolfile
+from llmmon_reporter.flight import GENERIC_API, ranges
+from llmmon_reporter.stepstats import STEP_BUCKETS
+from llmmon.simulate.job import Job, Rank
 
 FR_VERSION = "2.10"
 NCCL_VERSION = "2.28.9"

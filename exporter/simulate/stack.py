@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import yaml
 
-from exporter.simulate.exporters import free_port, stop_process
+from llmmon.simulate.exporters import free_port, stop_process
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 ALERTS = CHECKOUT / "alerts"

@@ -9,9 +9,9 @@ of a socket, SYS across sockets).  Port counters follow the kernel ABI: `port_xm
 
 from __future__ import annotations
 
-from exporter.simulate.conditions import Counters, PortCondition
-from exporter.simulate.layout import Nic, NodeLayout
-from exporter.simulate.tree import Tree
+from llmmon.simulate.conditions import Counters, PortCondition
+from llmmon.simulate.layout import Nic, NodeLayout
+from llmmon.simulate.tree import Tree
 
 NVIDIA, MELLANOX = "0x10de", "0x15b3"
 GPU_CLASS, ETHERNET_CLASS, BRIDGE_CLASS = "0x030200", "0x020000", "0x060400"

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from exporter.reporter.spoolfile import write_atomic
+from llmmon_reporter.spoolfile import write_atomic
 
 
 class Tree:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from pyroute2.ethtool.ioctl import ETH_SS_STATS, IoctlEthtool, NoSuchDevice, NotSupportedError
 
-from exporter.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import RootedFS, SourceError
 
 HEADER = "NIC statistics:"
 MAX_DUMP_BYTES = 4 << 20

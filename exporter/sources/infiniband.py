@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import RootedFS, SourceError
 
 CLASS = "class/infiniband"
 _STATE = re.compile(r"^\s*(\d+)\s*:")

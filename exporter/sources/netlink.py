@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from exporter.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import RootedFS, SourceError
 
 MAX_DUMP_BYTES = 16 << 20
 # `ip -j` names that are not `<direction>_<name>` in rtnl_link_stats64.

@@ -181,20 +181,6 @@ class GpuIdentity:
         return f"{int(domain, 16):04x}:{bus}:{devfn}".lower()
 
 
-def open_nvml(fake_path: str = "") -> NvmlSource:
-    """The replay backend for `fake_path` (a file or a directory), else the real library.
-
-    A bad replay path raises ValueError; a missing library shows up later, as
-    NvmlUnavailable from `device_count()`, so that opening never blocks or fails."""
-    if fake_path:
-        from exporter.sources.nvml_replay import ReplayNvml
-
-        return ReplayNvml(fake_path)
-    from exporter.sources.nvml_real import RealNvml
-
-    return RealNvml()
-
-
 def list_gpus(source: NvmlSource) -> list[GpuIdentity]:
     """Index, UUID and PCI bus id of every GPU that answers; lost GPUs are left out.
 

@@ -11,7 +11,7 @@ import ctypes
 import threading
 from typing import Any, Callable, NoReturn, Sequence
 
-from exporter.sources.nvml import (
+from llmmon.sources.nvml import (
     DRIVER_NOT_LOADED,
     LIBRARY_NOT_FOUND,
     LOST_CODES,

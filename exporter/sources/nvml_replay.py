@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from exporter.sources.nvml import (
+from llmmon.sources.nvml import (
     NOT_SUPPORTED,
     SUCCESS,
     UNINITIALIZED,

@@ -1,6 +1,6 @@
 """Capture NVML snapshots in the replay format: one file per GPU, loadable by `--fake-nvml`.
 
-    python -m exporter.sources.nvml_snapshot OUTDIR [--fake-nvml PATH]
+    python -m llmmon.sources.nvml_snapshot OUTDIR [--fake-nvml PATH]
 
 Every call of the vocabulary is recorded with its result or its NVML error, so a snapshot of
 a real node replays its quirks too (unsupported calls, units, value types).  This reads the
@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from exporter.sources.nvml import (
+from llmmon.sources.nvml import (
     DEVICE_CALLS,
     NVLINK_MAX_LINKS,
     SYSTEM_CALLS,
@@ -27,8 +27,8 @@ from exporter.sources.nvml import (
     NvmlError,
     NvmlSource,
     NvmlUnavailable,
-    open_nvml,
 )
+from llmmon.sources.nvml_open import open_nvml
 
 GPM_INTERVAL_S = 1.0
 

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from exporter.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import RootedFS, SourceError
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers; NVSwitches are bridges (0x0680)

@@ -1,6 +1,6 @@
 """The rank spool directory: bounded, symlink-safe listing and reading of reporter files.
 
-Layout (see exporter/reporter/layout.py): `<root>/<job>/rank_<rank>.<pid>.json` (state, every
+Layout (see reporter/llmmon_reporter/layout.py): `<root>/<job>/rank_<rank>.<pid>.json` (state, every
 second) and `rank_<rank>.<pid>.entries.json` (Flight Recorder entries, every ~20 s).  Anything
 else — symlinks, devices, odd names, oversized files, too many files — is rejected with a
 reason and never opened.
@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from exporter.reporter.layout import SPOOL_FILE
+from llmmon_reporter.layout import SPOOL_FILE
 
 Stamp = tuple[int, int, int]  # inode, mtime_ns, size: changes whenever a file is replaced
 

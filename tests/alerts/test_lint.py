@@ -104,7 +104,7 @@ def test_recording_rule_names_follow_level_metric_operations(recording_rules: li
 
 def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dict],
                                                            recording_rules: list[dict]) -> None:
-    from exporter import catalog
+    from llmmon import catalog
 
     exported = catalog.exported_names() | {"up"}
     read = {name for rule in alert_rules + recording_rules for text in _texts(rule)
@@ -115,7 +115,7 @@ def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dic
 
 
 def test_selectors_use_labels_the_metric_has(alert_rules: list[dict], recording_rules: list[dict]) -> None:
-    from exporter import catalog
+    from llmmon import catalog
 
     labels = {name: set(spec.labels) | TARGET_LABELS
               for spec in catalog.all_specs() for name in spec.sample_names()}

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Collector, Context, Environment
-from exporter.config import build_settings
-from exporter.sampler import render
-from exporter.sources.fs import RootedFS
+from llmmon.collector import Collector, Context, Environment
+from llmmon.config import build_settings
+from llmmon.sampler import render
+from llmmon.sources.fs import RootedFS
 
 
 def make_collector(cls: type[Collector], procfs: Path, sysfs: Path | None = None,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.config import GLOBAL_OPTIONS, ConfigError, build_settings, collector_flag, \
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import GLOBAL_OPTIONS, ConfigError, build_settings, collector_flag, \
     collector_options, global_flag
 
 
@@ -71,19 +71,19 @@ def test_config_file_errors(tmp_path: Path, content: str, message: str) -> None:
 
 
 def test_bad_flag_exits_2_with_a_clear_message() -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter", "serve",
+    result = subprocess.run([sys.executable, "-m", "llmmon", "serve",
                              "--collector.disk.timeout=0s"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 2
     assert "--collector.disk.timeout: duration must be positive" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "exporter", "serve",
+    result = subprocess.run([sys.executable, "-m", "llmmon", "serve",
                              "--web.listen-address=nowhere"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 2 and "listen address 'nowhere'" in result.stderr
 
 
 def test_help_documents_every_flag() -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter", "serve", "--help"],
+    result = subprocess.run([sys.executable, "-m", "llmmon", "serve", "--help"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     flags = [global_flag(o) for o in GLOBAL_OPTIONS] + ["--config.file",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.disk import DiskCollector
+from llmmon.collectors.disk import DiskCollector
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector, run
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter import catalog, docsgen
+from llmmon import catalog, docsgen
 from tests.conftest import ROOT
 
 
@@ -10,7 +10,7 @@ def test_generated_docs_are_current() -> None:
     for what, filename in docsgen.FILES.items():
         committed = (ROOT / "docs" / filename).read_text(encoding="utf-8")
         assert committed == docsgen.RENDERERS[what](), \
-            f"docs/{filename} is stale: run python -m exporter.docsgen"
+            f"docs/{filename} is stale: run python -m llmmon.docsgen"
 
 
 def test_metric_names_are_unique() -> None:

@@ -24,7 +24,7 @@ def static_lines(text: str) -> list[str]:
 
 def test_serve_replays_a_capture(serve, tmp_path: Path) -> None:
     archive = tmp_path / "node.tar.gz"
-    subprocess.run([sys.executable, "-m", "exporter", "capture", f"--output={archive}", *NODE],
+    subprocess.run([sys.executable, "-m", "llmmon", "capture", f"--output={archive}", *NODE],
                    check=True, capture_output=True, timeout=120, cwd=ROOT)
     live = serve(*NODE)
     live.wait_collected()
@@ -38,7 +38,7 @@ def test_serve_replays_a_capture(serve, tmp_path: Path) -> None:
 
 def test_a_bad_archive_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tar")
-    result = subprocess.run([sys.executable, "-m", "exporter", "serve",
+    result = subprocess.run([sys.executable, "-m", "llmmon", "serve",
                              f"--replay={tmp_path / 'junk.tar.gz'}"], capture_output=True,
                             text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2 and result.stderr.startswith("llmmon serve: ")

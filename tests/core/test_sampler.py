@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.disk import DiskCollector
-from exporter.sampler import Sampler
+from llmmon.collectors.disk import DiskCollector
+from llmmon.sampler import Sampler
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector
 

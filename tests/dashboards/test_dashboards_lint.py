@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from grafana_foundation_sdk.models import units
 
-from exporter.catalog import exported_names
+from llmmon.catalog import exported_names
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 41  # classic model of Grafana 11.x (grafana-foundation-sdk 11.6 default)

@@ -29,8 +29,8 @@ import pytest
 import requests
 import yaml
 
-from exporter.reporter.spoolfile import write_atomic
-from exporter.reporter.stepstats import StepStats
+from llmmon_reporter.spoolfile import write_atomic
+from llmmon_reporter.stepstats import StepStats
 from tests.conftest import FIXTURES, ROOT, Server, free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -45,7 +45,7 @@ def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
         log = tmp_path / f"llmmon-{port}.log"
         with open(log, "wb") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", "exporter", "serve", f"--config.file={path}",
+                [sys.executable, "-m", "llmmon", "serve", f"--config.file={path}",
                  "--collector.disable-defaults", "--collector.disk", *flags],
                 cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
         started.append(process)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from deploy_helpers import ROOT, require
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.config import build_settings
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
 
 SYSTEMD = ROOT / "deploy" / "systemd"
 SLURM = ROOT / "deploy" / "slurm"
@@ -113,7 +113,7 @@ def launch_env() -> dict[str, str]:
                             env={"SLURM_JOB_ID": "4242", "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, timeout=30, check=True).stdout
     env = {"PATH": "/usr/bin:/bin", **exports(prolog)}
-    out = subprocess.run([sys.executable, "-m", "exporter", "launch", "--print-env"], env=env,
+    out = subprocess.run([sys.executable, "-m", "llmmon", "launch", "--print-env"], env=env,
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return {**env, **dict(line.split("=", 1) for line in out.stdout.splitlines())}

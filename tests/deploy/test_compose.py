@@ -94,7 +94,7 @@ def test_demo_node_serves_eight_replayed_gpus(tmp_path):
     port, log = free_port(), tmp_path / "serve.log"
     with open(log, "wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", f"--config.file={tmp_path / 'llmmon.yml'}",
+            [sys.executable, "-m", "llmmon", "serve", f"--config.file={tmp_path / 'llmmon.yml'}",
              f"--web.listen-address=127.0.0.1:{port}"],
             cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     try:

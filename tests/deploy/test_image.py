@@ -119,7 +119,7 @@ WATCHER = textwrap.dedent("""
             log.write(f"{event} {args[0]}\\n")
     sys.addaudithook(hook)
     sys.argv = ["llmmon", *sys.argv[2:]]
-    runpy.run_module("exporter", run_name="__main__")
+    runpy.run_module("llmmon", run_name="__main__")
 """)
 
 

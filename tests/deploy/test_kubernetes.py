@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from deploy_helpers import KUSTOMIZE, ROOT, find, kustomize, require
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.commands.deploy import rule_groups
-from exporter.config import Settings, build_settings
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.commands.deploy import rule_groups
+from llmmon.config import Settings, build_settings
 
 KUSTOMIZATIONS = [KUSTOMIZE, KUSTOMIZE / "base", KUSTOMIZE / "monitoring",
                   *sorted(p for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())]
@@ -292,7 +292,7 @@ def test_tls_overlay_mounts_web_config_beside_its_certificates():
 # --- generated objects: exactly what alerts/ and dashboards/ ship ----------------------------
 
 def test_generated_files_are_current():
-    out = subprocess.run([sys.executable, "-m", "exporter", "deploy", "generate", "--check"],
+    out = subprocess.run([sys.executable, "-m", "llmmon", "deploy", "generate", "--check"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
@@ -359,7 +359,7 @@ def test_training_job_writes_where_the_exporter_reads():
         assert volumes[mount["name"]]["hostPath"] == exporter[name]["hostPath"]
     # Where the Job's `llmmon launch` (its own flags, its env) points torch's Flight Recorder.
     launch = trainer["command"][1:trainer["command"].index("--")]
-    out = subprocess.run([sys.executable, "-m", "exporter", *launch, "--print-env"],
+    out = subprocess.run([sys.executable, "-m", "llmmon", *launch, "--print-env"],
                          env={"PATH": "/usr/bin:/bin", "LLMMON_JOB": "llm-pretrain",
                               "LLMMON_SPOOL": env["LLMMON_SPOOL"]["value"]},
                          cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from deploy_helpers import ROOT, Child, fork_as, require
-from exporter.cli import build_parser
-from exporter.ranks_dumps import DumpKeeper, request
+from llmmon.cli import build_parser
+from llmmon.ranks.dumps import DumpKeeper, request
 
 SYSTEMD_TMPFILES = ROOT / "deploy" / "systemd" / "llmmon.tmpfiles.conf"
 NODE_TMPFILES = ROOT / "deploy" / "kubernetes" / "node" / "llmmon.tmpfiles.conf"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deploy_helpers import ROOT, Certs, issue, require
-from exporter.webconfig import WebConfig
+from llmmon.webconfig import WebConfig
 
 PASSWORD = "s3cret-scrape"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
@@ -263,7 +263,7 @@ def test_serve_refuses_a_bad_web_config(tmp_path):
     config = tmp_path / "llmmon.yml"
     config.write_text(yaml.safe_dump({"web": {"config_file": str(write(
         tmp_path, {"basic_auth_users": {"prometheus": "plaintext"}}))}}))
-    out = subprocess.run([sys.executable, "-m", "exporter", "serve", f"--config.file={config}"],
+    out = subprocess.run([sys.executable, "-m", "llmmon", "serve", f"--config.file={config}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "basic_auth_users.prometheus: not a bcrypt hash" in out.stderr

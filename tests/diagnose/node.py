@@ -1,6 +1,6 @@
 """A real exporter in-process over private copies of the fixture trees, with its Diagnoser.
 
-The collectors, the sampler and the diagnoser are the daemon's own (exporter.daemon.build from
+The collectors, the sampler and the diagnoser are the daemon's own (llmmon.daemon.build from
 `llmmon serve` flags); tests edit the copied files between two observations the way the world
 changes them (counters grow, replay files are rewritten), and read the report.
 """
@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.config import build_settings
-from exporter.daemon import Daemon, build
-from exporter.diagnose import Diagnoser
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
+from llmmon.daemon import Daemon, build
+from llmmon.diagnose import Diagnoser
 from tests.conftest import FIXTURES
 
 SETTLE_TIMEOUT = 30.0

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import requests
 
-from exporter.diagnose.schema import ADAPTER
+from llmmon.diagnose.schema import ADAPTER
 from tests.conftest import ROOT, free_port
 from tests.diagnose.node import Node, check, touch_tree
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "diagnose", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "llmmon", "diagnose", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

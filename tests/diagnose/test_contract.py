@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.diagnose import schema
-from exporter.diagnose.branches import TREE
-from exporter.diagnose.recording import RULES
-from exporter.diagnose.thresholds import Thresholds, ThresholdsError
+from llmmon.diagnose import schema
+from llmmon.diagnose.branches import TREE
+from llmmon.diagnose.recording import RULES
+from llmmon.diagnose.thresholds import Thresholds, ThresholdsError
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "alerts" / "config.yaml"
@@ -95,4 +95,4 @@ def test_runbook_links_point_at_sections() -> None:
 
 def test_published_schema_is_current() -> None:
     assert (ROOT / "docs" / "diagnose.schema.json").read_text() == schema.text(), \
-        "run: python -m exporter.diagnose.schema > docs/diagnose.schema.json"
+        "run: python -m llmmon.diagnose.schema > docs/diagnose.schema.json"

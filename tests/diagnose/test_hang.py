@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.diagnose.thresholds import Thresholds
+from llmmon.diagnose.thresholds import Thresholds
 from tests.diagnose.node import check, subjects, texts
 
 

@@ -16,12 +16,12 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from exporter.diagnose.branches import TREE
-from exporter.diagnose.prometheus import PrometheusView
-from exporter.diagnose.recording import RULES
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import evaluate
-from exporter.diagnose.window import LocalView, Window
+from llmmon.diagnose.branches import TREE
+from llmmon.diagnose.prometheus import PrometheusView
+from llmmon.diagnose.recording import RULES
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import evaluate
+from llmmon.diagnose.window import LocalView, Window
 from tests.conftest import FIXTURES, Server
 from tests.diagnose.node import Node, check, touch_tree
 from tests.diagnose.prometheus import CLUSTER, Prometheus

@@ -7,10 +7,10 @@ import time
 
 from fastapi.testclient import TestClient
 
-from exporter.diagnose.model import SCHEMA, Report
-from exporter.diagnose.schema import ADAPTER
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.window import LocalView, Window
+from llmmon.diagnose.model import SCHEMA, Report
+from llmmon.diagnose.schema import ADAPTER
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.window import LocalView, Window
 from tests.conftest import GOLDEN
 from tests.diagnose.node import check
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from exporter.simulate import layout, stack
+from llmmon.simulate import layout, stack
 from tests.conftest import ROOT
 from tests.e2e.cases import CASES, Case
 
@@ -120,7 +120,7 @@ def e2e() -> Iterator[Stack]:
                              if ":" in case.scenario else f"{case.scenario}@sim-{index:02d}")]
     with open(work / "simulate.log", "wb") as log:
         simulator = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "simulate", f"--dir={work / 'sim'}",
+            [sys.executable, "-m", "llmmon", "simulate", f"--dir={work / 'sim'}",
              f"--nodes={len(CASES)}", "--job-nodes=1", "--port=0", f"--speed={SPEED}",
              *(f"--serve-arg=--collector.{c}.interval={INTERVAL}" for c in COLLECTORS),
              *scenarios], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from exporter.diagnose import command
-from exporter.diagnose.branches import TREE
+from llmmon.diagnose import command
+from llmmon.diagnose.branches import TREE
 
 from tests.e2e.cases import CASES, WARMUP_TICKETS, Case, Expect
 from tests.e2e.conftest import Alert, Stack, wait_for

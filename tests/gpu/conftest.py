@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from exporter.collectors.gpu import GpuCollector
+from llmmon.collectors.gpu import GpuCollector
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector
 

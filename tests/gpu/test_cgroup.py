@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.gpu.cgroup import PodRef, parse_cgroup, pod_of
-from exporter.sources.fs import RootedFS
+from llmmon.gpu.cgroup import PodRef, parse_cgroup, pod_of
+from llmmon.sources.fs import RootedFS
 from tests.gpu.conftest import PROC
 
 CONTAINER = "038603692f9ae5f4e6164b7226b59f1f34b10458eaf20ece8f7ca768097e0883"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.gpu import GpuCollector
-from exporter.gpu.clock_events import decompose
-from exporter.sampler import Sampler
-from exporter.sources.nvml_replay import RELOAD_CHECK_S
+from llmmon.collectors.gpu import GpuCollector
+from llmmon.gpu.clock_events import decompose
+from llmmon.sampler import Sampler
+from llmmon.sources.nvml_replay import RELOAD_CHECK_S
 from tests.conftest import compare_golden
 from tests.core.helpers import make_collector, run
 from tests.gpu.conftest import CAPTURE, H200X8, PROC, TRACE, edit

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Context
-from exporter.sampler import render
+from llmmon.collector import Context
+from llmmon.sampler import render
 from tests.conftest import FIXTURES
 
 LIVE = FIXTURES / "nvml" / "h200_live"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from exporter.collectors.disk import DiskCollector
-from exporter.collectors.gpu import SAMPLER_STUCK_S
-from exporter.sampler import Sampler
+from llmmon.collectors.disk import DiskCollector
+from llmmon.collectors.gpu import SAMPLER_STUCK_S
+from llmmon.sampler import Sampler
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector, run
 from tests.gpu.conftest import edit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.gpu.peak_flops import peak_flops
+from llmmon.gpu.peak_flops import peak_flops
 
 
 @pytest.mark.parametrize("model, bf16, fp8, tf32", [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.gpu.power import PowerSampler
-from exporter.sources.nvml import open_nvml
+from llmmon.gpu.power import PowerSampler
+from llmmon.sources.nvml_open import open_nvml
 from tests.core.helpers import run
 from tests.gpu.conftest import CAPTURE, TRACE, edit
 

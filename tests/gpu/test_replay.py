@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.nvml import NvmlError, XidEvent, list_gpus, open_nvml
-from exporter.sources.nvml_replay import RELOAD_CHECK_S, ReplayFileError
+from llmmon.sources.nvml import NvmlError, XidEvent, list_gpus
+from llmmon.sources.nvml_open import open_nvml
+from llmmon.sources.nvml_replay import RELOAD_CHECK_S, ReplayFileError
 from tests.gpu.conftest import CAPTURE, H200X8, edit
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exporter.sources.nvml_snapshot import main
+from llmmon.sources.nvml_snapshot import main
 from tests.core.helpers import run
 from tests.gpu.conftest import CAPTURE
 

@@ -13,12 +13,12 @@ import socket
 import subprocess
 import sys
 
-from exporter.collector import Context
-from exporter.collectors.netdev import NetdevCollector
-from exporter.collectors.nic import NicCollector
-from exporter.sampler import render
-from exporter.sources.ethtool import Ioctl
-from exporter.sources.fs import RootedFS
+from llmmon.collector import Context
+from llmmon.collectors.netdev import NetdevCollector
+from llmmon.collectors.nic import NicCollector
+from llmmon.sampler import render
+from llmmon.sources.ethtool import Ioctl
+from llmmon.sources.fs import RootedFS
 from tests.core.helpers import make_collector
 
 FRAMES, FRAME_BYTES = 50, 1000

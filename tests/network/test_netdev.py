@@ -13,10 +13,10 @@ from typing import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Context
-from exporter.collectors.netdev import NetdevCollector
-from exporter.sampler import render
-from tests.conftest import FIXTURES, ROOT, compare_golden
+from llmmon.collector import Context
+from llmmon.collectors.netdev import NetdevCollector
+from llmmon.sampler import render
+from tests.conftest import FIXTURES, ROOT, compare_golden, pythonpath
 from tests.core.helpers import make_collector, run
 from tests.network.netns_probe import FRAME_BYTES, FRAMES
 
@@ -102,7 +102,7 @@ def test_veth_pair_in_a_namespace(netns: str) -> None:
     probe = subprocess.run(
         ["ip", "netns", "exec", netns, sys.executable, str(ROOT / "tests/network/netns_probe.py")],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        env=dict(os.environ, PYTHONPATH=pythonpath()))
     assert probe.returncode == 0, probe.stderr
     result = json.loads(probe.stdout)
     before, after, down = (values(result[k]) for k in ("before", "after", "down"))

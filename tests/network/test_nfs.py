@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import Context
-from exporter.collectors.nfs import NfsCollector
-from exporter.config import collector_options
-from exporter.sampler import render
+from llmmon.collector import Context
+from llmmon.collectors.nfs import NfsCollector
+from llmmon.config import collector_options
+from llmmon.sampler import render
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.helpers import make_collector, run
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter import nic_mappings
-from exporter.collector import Context
-from exporter.collectors.nic import MAPPINGS, Mapping, NicCollector
-from exporter.sampler import render
-from exporter.sources.ethtool import DumpDirectory, parse_dump
+from llmmon.network import nic_mappings
+from llmmon.collector import Context
+from llmmon.collectors.nic import MAPPINGS, Mapping, NicCollector
+from llmmon.sampler import render
+from llmmon.sources.ethtool import DumpDirectory, parse_dump
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.helpers import make_collector, run
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector import Context
-from exporter.collectors.topology import TopologyCollector
-from exporter.sampler import render
+from llmmon.collector import Context
+from llmmon.collectors.topology import TopologyCollector
+from llmmon.sampler import render
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.helpers import make_collector, run
 

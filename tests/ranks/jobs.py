@@ -18,13 +18,13 @@ from typing import Any, Callable, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Context, Environment
-from exporter.collectors.ranks import RanksCollector
-from exporter.config import collector_options
-from exporter.sampler import render
-from exporter.sources.fs import RootedFS
+from llmmon.collector import Context, Environment
+from llmmon.collectors.ranks import RanksCollector
+from llmmon.config import collector_options
+from llmmon.sampler import render
+from llmmon.sources.fs import RootedFS
+from tests.conftest import pythonpath
 
-REPO = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).with_name("trainer.py")
 FAST = {"LLMMON_STATUS_INTERVAL": "0.1", "LLMMON_INFLIGHT_INTERVAL": "0.3",
         "LLMMON_ENTRIES_INTERVAL": "0.3"}
@@ -39,7 +39,7 @@ def free_port() -> int:
 
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMON_", "TORCH_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = pythonpath()
     env.update(FAST)
     env.update(extra)
     return env

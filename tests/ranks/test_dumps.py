@@ -7,11 +7,11 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from exporter.app import create_app
-from exporter.ranks_dumps import DumpKeeper, request
-from exporter.reporter.dumppipe import DumpPipe
-from exporter.reporter.layout import pipe_path
-from exporter.sampler import Sampler
+from llmmon.app import create_app
+from llmmon.ranks.dumps import DumpKeeper, request
+from llmmon_reporter.dumppipe import DumpPipe
+from llmmon_reporter.layout import pipe_path
+from llmmon.sampler import Sampler
 from tests.ranks.jobs import make_collector, scrape
 from tests.ranks.test_nccl_dumps import staged
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from exporter.commands.launch import environment
+from llmmon.commands.launch import environment
 from tests.conftest import ROOT
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, wait_for
 
@@ -22,7 +22,7 @@ STEPS = 20  # rank 2 stops at step 10, after 2 x 10 all_reduces in group 0
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "diagnose", "--ranks", *args],
+    return subprocess.run([sys.executable, "-m", "llmmon", "diagnose", "--ranks", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.commands.launch import BOOT_DIR, PACKAGE_ROOT, environment, resolve_job
-from exporter.reporter.identity import rendezvous_job
-from tests.conftest import ROOT
+from llmmon.commands.launch import BOOT_DIR, environment, resolve_job
+from llmmon_reporter.identity import rendezvous_job
+from tests.conftest import ROOT, pythonpath
 from tests.ranks.jobs import FAST, TRAINER, base_env
 
 
@@ -30,7 +30,7 @@ def test_both_flight_recorder_names_dumps_and_pipes_are_exported() -> None:
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert "TORCH_NCCL_ENABLE_TIMING" not in env  # opt-in: it has a cost
     assert (env["LLMMON_JOB"], env["LLMMON_SPOOL"]) == ("job-1", "/spool")
-    assert env["PYTHONPATH"].split(os.pathsep) == [BOOT_DIR, "/user/lib", PACKAGE_ROOT]
+    assert env["PYTHONPATH"].split(os.pathsep) == [BOOT_DIR, "/user/lib"]
     timed = environment({}, "j", "/s", "/f", "/p", 2000, timing=True, dump_on_timeout=False)
     assert (timed["TORCH_NCCL_ENABLE_TIMING"], timed["TORCH_NCCL_DUMP_ON_TIMEOUT"]) == ("1", "0")
 
@@ -68,7 +68,7 @@ def test_sitecustomize_starts_the_reporter_only_in_ranks_and_chains_the_shadowed
     other.mkdir()
     (other / "sitecustomize.py").write_text(
         f"open({str(tmp_path / 'chained')!r}, 'a').write('x')\n")
-    env = base_env(PYTHONPATH=os.pathsep.join([BOOT_DIR, str(other), str(ROOT)]),
+    env = base_env(PYTHONPATH=os.pathsep.join([BOOT_DIR, str(other), pythonpath()]),
                    LLMMON_SPOOL=str(tmp_path))
     assert "llmmon-reporter" not in python_threads(env)  # torchrun's own process: no RANK
     assert "llmmon-reporter" in python_threads({**env, "RANK": "0"})
@@ -85,7 +85,7 @@ def test_a_torchrun_job_reports_with_no_code_change(tmp_path: Path) -> None:
     out.mkdir()
     env = base_env()
     env.pop("PYTHONPATH")
-    command = [sys.executable, "-m", "exporter", "launch", "--job", "llama-70b", "--spool",
+    command = [sys.executable, "-m", "llmmon", "launch", "--job", "llama-70b", "--spool",
                str(spool), "--fr-dir", str(tmp_path / "fr"), "--pipe-dir", str(tmp_path / "pipe"),
                "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "2", str(TRAINER), "--reporter", "auto", "--out", str(out),

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter.ranks_collectives import bus_factor
-from tests.conftest import FIXTURES, ROOT, compare_golden
+from llmmon.ranks.collectives import bus_factor
+from tests.conftest import FIXTURES, ROOT, compare_golden, pythonpath
 from tests.ranks.jobs import by_rank, make_collector, scrape, series
 
 CAPTURE = json.loads((FIXTURES / "nccl" / "h200_flight_recorder.json").read_text())["trace"]
@@ -113,7 +113,7 @@ def test_the_fixture_spools_are_what_the_deriver_writes(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     shutil.copytree(FIXTURES / "nccl", work / "tests" / "fixtures" / "nccl")
     subprocess.run([sys.executable, str(work / "tests/fixtures/nccl/derive.py")], check=True,
-                   cwd=work, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                   cwd=work, env={**os.environ, "PYTHONPATH": pythonpath()}, capture_output=True,
                    timeout=60)
     for path in (ROOT / "tests/fixtures/spool").rglob("*.json"):
         if "nccl4" in path.parts or "h200" in path.parts:

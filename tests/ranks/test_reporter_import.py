@@ -20,15 +20,15 @@ def imported_after(code: str) -> set[str]:
 
 
 def test_importing_the_reporter_loads_no_daemon_dependency_and_not_even_torch() -> None:
-    modules = imported_after("from exporter import reporter")
-    assert "exporter.reporter" in modules
+    modules = imported_after("import llmmon_reporter as reporter")
+    assert "llmmon_reporter" in modules
     assert not {m.split(".")[0] for m in modules} & set(DAEMON_ONLY + ("torch",))
 
 
 def test_starting_the_reporter_adds_nothing_of_the_daemon_to_what_torch_loads() -> None:
     baseline = imported_after("import torch.distributed")  # torch.cuda itself loads pynvml
-    modules = imported_after("import torch.distributed; from exporter import reporter; "
+    modules = imported_after("import torch.distributed; import llmmon_reporter as reporter; "
                              "reporter.start(); reporter.flush(1)")
     added = {m.split(".")[0] for m in modules - baseline}
-    assert "exporter" in added
+    assert "llmmon_reporter" in added and "llmmon" not in added
     assert not added & set(DAEMON_ONLY)

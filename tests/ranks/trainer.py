@@ -50,7 +50,7 @@ def main() -> None:
     args = parse()
     reporter = None
     if args.reporter != "off":
-        from exporter import reporter  # type: ignore[no-redef]
+        import llmmon_reporter as reporter  # type: ignore[no-redef]
         if args.reporter == "explicit":
             reporter.start()
     init = f"tcp://127.0.0.1:{args.port}" if args.port else "env://"

@@ -13,11 +13,11 @@ from typing import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.config import build_settings
-from exporter.daemon import build
-from exporter.simulate.node import NodeSim
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
+from llmmon.daemon import build
+from llmmon.simulate.node import NodeSim
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -1,5 +1,5 @@
 """`llmmon capture` of a simulated node and `llmmon serve --replay` of the archive: both real
-processes serve the same exposition but for the lines `exporter.capture.VOLATILE` names."""
+processes serve the same exposition but for the lines `llmmon.capture.VOLATILE` names."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from typing import Callable
 import pytest
 import requests
 
-from exporter.capture import VOLATILE, CaptureError, replay_settings
-from exporter.cli import build_parser
-from exporter.collectors import discover
-from exporter.config import Settings, build_settings
+from llmmon.capture import VOLATILE, CaptureError, replay_settings
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import Settings, build_settings
 from tests.conftest import ROOT, Server
 from tests.simulate.test_node import ticked
 
@@ -56,7 +56,7 @@ def test_capture_of_a_simulated_node_replays_identically(
     flags = [*node.paths.serve_args(), "--collector.topology"]
     live = scraped(serve(*flags, *PATIENT))
     archive = work / "node.tar.gz"
-    result = subprocess.run([sys.executable, "-m", "exporter", "capture", f"--output={archive}",
+    result = subprocess.run([sys.executable, "-m", "llmmon", "capture", f"--output={archive}",
                              *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "8 GPU snapshot(s); 0 problem(s)" in result.stdout
@@ -72,7 +72,7 @@ def test_replayed_ranks_are_as_old_as_at_capture(work: Path) -> None:
     """Each spool file is re-dated by the time since capture, so ranks keep their age."""
     node = ticked(work / "sim").nodes[0]
     archive = work / "node.tar.gz"
-    subprocess.run([sys.executable, "-m", "exporter", "capture", f"--output={archive}",
+    subprocess.run([sys.executable, "-m", "llmmon", "capture", f"--output={archive}",
                     *node.paths.serve_args()], cwd=ROOT, check=True, capture_output=True,
                    timeout=120)
     with tarfile.open(archive) as tar:

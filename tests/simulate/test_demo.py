@@ -30,7 +30,7 @@ def _alive(pid: int) -> bool:
 
 def test_demo_pages_on_the_console_and_ctrl_c_stops_everything() -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-u", "-m", "exporter", "demo", "--nodes=1", "--scenario=thermal",
+        [sys.executable, "-u", "-m", "llmmon", "demo", "--nodes=1", "--scenario=thermal",
          "--for=5s", "--scrape-interval=1s", f"--duration={TIMEOUT}",
          "--serve-arg=--collector.gpu.interval=1s"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.gpu import GpuCollector
-from exporter.simulate.cluster import Cluster, ClusterConfig
-from exporter.simulate.control import SpecError, parse, parse_lines
-from exporter.simulate.runner import Simulation
-from exporter.simulate.scenarios import SCENARIOS
+from llmmon.collectors.gpu import GpuCollector
+from llmmon.simulate.cluster import Cluster, ClusterConfig
+from llmmon.simulate.control import SpecError, parse, parse_lines
+from llmmon.simulate.runner import Simulation
+from llmmon.simulate.scenarios import SCENARIOS
 from tests.conftest import ROOT
 from tests.core.helpers import make_collector
 from tests.simulate.conftest import Exposition, expose

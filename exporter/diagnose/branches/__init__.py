@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.diagnose.branches import hang, memory, network, precision, starvation, thermal
-from exporter.diagnose.tree import BranchSpec
+from llmmon.diagnose.branches import hang, memory, network, precision, starvation, thermal
+from llmmon.diagnose.tree import BranchSpec
 
 TREE: tuple[BranchSpec, ...] = (precision.BRANCH, memory.BRANCH, starvation.BRANCH,
                                 hang.BRANCH, thermal.BRANCH, network.BRANCH)

@@ -10,13 +10,13 @@ GPU or a critical XID, RDMA loss and retransmits, ports down or flapping.
 
 from __future__ import annotations
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import Sample, View, group, index, key, total
-from exporter.options import parse_duration
-from exporter.ranks_hang import spans_text
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from llmmon.diagnose.view import Sample, View, group, index, key, total
+from llmmon.options import parse_duration
+from llmmon.ranks.hang import spans_text
 
 GROUP_KEY = ("cluster", "job_id", "pg")
 MEMBER_KEY = ("cluster", "job_id", "rank", "pg")

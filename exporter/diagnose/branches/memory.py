@@ -8,11 +8,11 @@ reserved memory that holds no tensor (fragmentation).  Judged at this instant: t
 
 from __future__ import annotations
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import View, index, key
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from llmmon.diagnose.view import View, index, key
 
 RESERVED_SHARE = "job_id_rank:llmmon_torch_memory_reserved_per_gpu_memory:ratio"
 FRAGMENTATION = "job_id_rank:llmmon_torch_memory_fragmentation:ratio"

@@ -5,11 +5,11 @@ does the bus bandwidth compare with the reference values of DESIGN.md §1?
 
 from __future__ import annotations
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import Sample, View, group, key, total
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from llmmon.diagnose.view import Sample, View, group, key, total
 
 NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")

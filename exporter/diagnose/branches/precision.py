@@ -7,11 +7,11 @@ moved any, else the totals since its ranks started (a dtype does not change mid-
 
 from __future__ import annotations
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import View, group, total
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from llmmon.diagnose.view import View, group, total
 
 BYTES = "llmmon_nccl_collective_bytes_total"
 NONFINITE = "llmmon_training_loss_nonfinite_total"

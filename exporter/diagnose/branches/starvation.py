@@ -8,11 +8,11 @@ why.  Each GPU is judged on its own (the alert averages the GPUs of a job on a n
 
 from __future__ import annotations
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from exporter.diagnose.view import View, group, index, key, total
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
+from llmmon.diagnose.view import View, group, index, key, total
 
 GPU_KEY = ("cluster", "node", "uuid")
 JOB_GPUS = "uuid_job_id:llmmon_rank_info:max_up"

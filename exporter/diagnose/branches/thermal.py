@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from statistics import median
 
-from exporter.diagnose import describe as d
-from exporter.diagnose.model import Evidence, Outcome, ok, suspect, unknown
-from exporter.diagnose.thresholds import Thresholds
-from exporter.diagnose.tree import BranchSpec, CheckSpec
-from exporter.diagnose.view import Sample, View, group, index, key
+from llmmon.diagnose import describe as d
+from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.tree import BranchSpec, CheckSpec
+from llmmon.diagnose.view import Sample, View, group, index, key
 
 GPU_KEY = ("cluster", "node", "uuid")
 THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")

@@ -43,7 +43,7 @@ fi
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL="http://127.0.0.1:$PORT"
 step "llmmon serve at $URL, every default collector, gpu every 1 s"
-python3 -m exporter serve --web.listen-address="127.0.0.1:$PORT" --collector.gpu.interval=1s \
+python3 -m llmmon serve --web.listen-address="127.0.0.1:$PORT" --collector.gpu.interval=1s \
   "${SERVE_EXTRA[@]}" > "$OUT/serve.log" 2>&1 &
 PIDS+=($!)
 step "load: idle 8 s, matmul 15 s, starved 20 s, idle 8 s, matmul 6 s"
@@ -59,9 +59,9 @@ wait_phase() {  # until matmul_load.py logs the start of phase $1 (at most 60 s)
 }
 
 judge() {  # `llmmon diagnose` over two scrapes 8 s apart, as JSON and as text
-  python3 -m exporter diagnose --url "$URL" --scrape --interval 8 --json > "$OUT/$1.json"
+  python3 -m llmmon diagnose --url "$URL" --scrape --interval 8 --json > "$OUT/$1.json"
   echo "llmmon diagnose exit status $? ($1)"
-  python3 -c 'import json, sys; from exporter.diagnose import render
+  python3 -c 'import json, sys; from llmmon.diagnose import render
 print(render.text(json.load(open(sys.argv[1]))))' "$OUT/$1.json" > "$OUT/$1.txt"
 }
 

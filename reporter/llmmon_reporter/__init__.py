@@ -1,6 +1,6 @@
 """The llmmon reporter, run inside training processes (standard library and torch only).
 
-    from exporter import reporter
+    import llmmon_reporter as reporter
     reporter.start()                      # or launch under `llmmon launch -- torchrun ...`
     ...
     reporter.step(tokens=n, loss=loss, model_flops=6 * params * n)   # optional, O(1)
@@ -17,11 +17,12 @@ import os
 import threading
 from typing import Any
 
-from exporter.reporter.layout import DEFAULT_SPOOL
-from exporter.reporter.stepstats import StepStats
-from exporter.reporter.worker import Cadence, Reporter
+from llmmon_reporter.layout import DEFAULT_SPOOL
+from llmmon_reporter.stepstats import StepStats
+from llmmon_reporter.worker import Cadence, Reporter
 
 __all__ = ["start", "stop", "step", "flush", "health", "autostart"]
+__version__ = "0.1.0"  # the same as llmmon's (a test checks)
 
 log = logging.getLogger("llmmon.reporter")
 _OFF = ("0", "false", "no", "off")

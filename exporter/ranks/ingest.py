@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
-from exporter.ranks_ledger import Ledger
-from exporter.ranks_schema import Notes, RankEntries, RankState, SchemaError, parse_entries, \
+from llmmon.ranks.ledger import Ledger
+from llmmon.ranks.schema import Notes, RankEntries, RankState, SchemaError, parse_entries, \
     parse_state
-from exporter.sources.spool import SpoolError, SpoolFile, SpoolSource, Stamp
+from llmmon.sources.spool import SpoolError, SpoolFile, SpoolSource, Stamp
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.options import Option
+from llmmon.options import Option
 
 
 class DeviceFilter:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from exporter import ranks_collectives
-from exporter.ranks_schema import Collective, FrDump, Group, Progress, RankEntries, RankState
+from llmmon.ranks import collectives
+from llmmon.ranks.schema import Collective, FrDump, Group, Progress, RankEntries, RankState
 
 # Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
@@ -124,7 +124,7 @@ class RankTrack:
         if entry.nbytes is not None and group is not None:
             key = (entry.pg, entry.coll)
             self.bus_bytes[key] = self.bus_bytes.get(key, 0.0) + \
-                entry.nbytes * ranks_collectives.bus_factor(entry.coll, group.size)
+                entry.nbytes * collectives.bus_factor(entry.coll, group.size)
 
     def _admit(self, series: dict, key: tuple) -> bool:  # type: ignore[type-arg]
         if key in series or len(series) < MAX_SERIES_KEYS:

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from exporter.reporter import flight, identity, layout, spoolfile
-from exporter.reporter.dumppipe import DumpPipe
-from exporter.reporter.stepstats import StepStats
+from llmmon_reporter import flight, identity, layout, spoolfile
+from llmmon_reporter.dumppipe import DumpPipe
+from llmmon_reporter.stepstats import StepStats
 
 log = logging.getLogger("llmmon.reporter")
 
@@ -109,7 +109,7 @@ class _Session:
 
 
 class Reporter:
-    """One reporter thread writing into `spool`; `exporter.reporter.start()` makes one per
+    """One reporter thread writing into `spool`; `llmmon_reporter.start()` makes one per
     process (benchmarks build their own to switch it on and off)."""
 
     def __init__(self, spool: str, cadence: Cadence, steps: StepStats,

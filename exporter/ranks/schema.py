@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Container, NamedTuple
 
-from exporter import ranks_collectives
-from exporter.reporter.flight import ranges
-from exporter.reporter.layout import MEMORY_KEYS, SCHEMA, safe_job
+from llmmon.ranks import collectives
+from llmmon_reporter.flight import ranges
+from llmmon_reporter.layout import MEMORY_KEYS, SCHEMA, safe_job
 
 MAX_RANK = 1 << 20
 MAX_PGS = 64
@@ -353,12 +353,12 @@ def collective(raw: Any, notes: Notes) -> Collective:
         pg = str(_int(entry.get("pg_id"), "pg_id"))
     is_p2p = _bool(entry.get("is_p2p", False), "is_p2p")
     seq = _int(entry.get("p2p_seq_id" if is_p2p else "collective_seq_id"), "seq", -1)
-    coll = label(ranks_collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")),
+    coll = label(collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")),
                  "coll", notes)
     inputs = _tensors(entry.get("input_sizes", []), entry.get("input_dtypes", []), _INPUT)
     outputs = _tensors(entry.get("output_sizes", []), entry.get("output_dtypes", []), _OUTPUT)
     state = entry.get("state", "")
-    nbytes, dtype = ranks_collectives.payload(coll, inputs, outputs)
+    nbytes, dtype = collectives.payload(coll, inputs, outputs)
     duration_ms = entry.get("duration_ms")
     return Collective(
         record_id=_int(entry.get("record_id"), "record_id"),

@@ -16,7 +16,7 @@ import shutil
 import stat
 import time
 
-from exporter.reporter import layout
+from llmmon_reporter import layout
 
 DUMP_FILE = re.compile(r"^rank_\d{1,7}(\.json)?$")
 SET_PREFIX = "dump-"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from exporter.ranks_ledger import Ledger, RankTrack
-from exporter.reporter.flight import ranges
+from llmmon.ranks.ledger import Ledger, RankTrack
+from llmmon_reporter.flight import ranges
 
 
 def join_spans(spans: Iterable[Sequence[int]], dash: str = "-") -> str:

@@ -1,0 +1,1 @@
+"""The network subsystem: which NIC statistics feed which family, which devices are read."""
