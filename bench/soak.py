@@ -1,7 +1,7 @@
 """A compressed soak: one hour of a fat simulated node under the unmodified exporter.
 
-The fat node is the cardinality budget's (DESIGN.md §4): 8 GPUs, 8 RDMA ports, 16 disks and an
-8-rank job.  `--compression N` plays the hour in 3600/N wall seconds: every duration of the
+The fat node is the cardinality budget's (docs/design.md#budgets): 8 GPUs, 8 RDMA ports, 16
+disks and an 8-rank job.  `--compression N` plays the hour in 3600/N wall seconds: every duration of the
 exporter (collector intervals, the GPU collector's slow calls, the ranks collector's stale,
 drop and stall windows) and of the simulator (ticks, Flight Recorder entries, scenario clocks)
 is divided by N, and Prometheus-style scrapes (OpenMetrics, gzip, one keep-alive connection)

@@ -19,20 +19,22 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("web.listen_address", "str", ":9476",
            "Address to listen on: host:port, :port for all interfaces, [::]:port for IPv6. "
            "9476 avoids node_exporter (9100), dcgm-exporter (9400) and "
-           "nvidia_gpu_exporter (9835)."),
-    Option("web.telemetry_path", "str", "/metrics", "Path under which to expose metrics."),
+           "nvidia_gpu_exporter (9835).", metavar="ADDRESS"),
+    Option("web.telemetry_path", "str", "/metrics", "Path under which to expose metrics.",
+           metavar="URL_PATH"),
     Option("web.config_file", "str", "",
            "Exporter-toolkit web config (TLS, client certificates, basic auth); "
-           "empty serves plain HTTP. See docs/security.md.", flag="--web.config.file"),
+           "empty serves plain HTTP. See docs/security.md.", flag="--web.config.file",
+           metavar="FILE"),
     Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
-           "in a container, or a fixture tree)."),
-    Option("path.procfs", "str", "/proc", "procfs mount point."),
-    Option("log.level", "str", "info", "Log level: debug, info, warning or error."),
-    Option("log.format", "str", "logfmt", "Log format: logfmt or json."),
+           "in a container, or a fixture tree).", metavar="DIR"),
+    Option("path.procfs", "str", "/proc", "procfs mount point.", metavar="DIR"),
+    Option("log.level", "str", "info", "Log level: debug, info, warning or error.", metavar="LEVEL"),
+    Option("log.format", "str", "logfmt", "Log format: logfmt or json.", metavar="FORMAT"),
     Option("nvml.replay", "str", "",
            "Replay NVML from a snapshot file, or a directory of them (one GPU per file, in "
            "name order), instead of the real library; every collector that names GPUs uses "
-           "it. See docs/gpu.md.", flag="--fake-nvml"),
+           "it. See docs/gpu.md.", flag="--fake-nvml", metavar="PATH"),
     Option("sampler.max_staleness", "duration", "60s",
            "How long a failing or hung collector's last good snapshot is still served."),
 )
@@ -78,17 +80,21 @@ class Settings:
         return self.values[key]
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser,
-                        classes: list[type[Collector]]) -> None:
-    """Flags for every option; defaults stay None so only given flags override the file."""
+def add_serve_arguments(parser: argparse.ArgumentParser, classes: list[type[Collector]],
+                        web: bool = True) -> None:
+    """Flags for every option; defaults stay None so only given flags override the file.
+    `web=False` leaves out the HTTP server's flags for commands that serve nothing (their
+    config file may still hold a `web` section)."""
     parser.add_argument("--config.file", dest="config_file", metavar="PATH",
                         help="YAML file with any of the settings below (flags win).")
     parser.add_argument("--collector.disable-defaults", dest="disable_defaults",
                         action="store_true", default=None,
                         help="Disable every collector not enabled explicitly.")
     for option in GLOBAL_OPTIONS:
-        parser.add_argument(global_flag(option), dest=f"g:{option.key}", metavar="VALUE",
-                            help=f"{option.help} (default: {option.default})")
+        if web or not option.key.startswith("web."):
+            parser.add_argument(global_flag(option), dest=f"g:{option.key}",
+                                metavar=option.placeholder,
+                                help=f"{option.help} (default: {option.default_text()})")
     for cls in classes:
         group = parser.add_argument_group(f"collector {cls.name}", cls.description)
         for option in collector_options(cls):
@@ -96,14 +102,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser,
             if option.key == "enabled":
                 group.add_argument(collector_flag(cls, option), dest=dest,
                                    action="store_const", const=True,
-                                   help=f"{option.help} (default: "
-                                        f"{'on' if option.default else 'off'})")
+                                   help=f"{option.help} (default: {option.default_text()})")
                 group.add_argument(f"--no-collector.{cls.name}", dest=dest,
                                    action="store_const", const=False,
                                    help=f"Disable the {cls.name} collector.")
             else:
-                group.add_argument(collector_flag(cls, option), dest=dest, metavar="VALUE",
-                                   help=f"{option.help} (default: {option.default})")
+                group.add_argument(collector_flag(cls, option), dest=dest,
+                                   metavar=option.placeholder,
+                                   help=f"{option.help} (default: {option.default_text()})")
 
 
 def _load_yaml(path: str) -> dict[str, Any]:

@@ -48,14 +48,15 @@ def config_markdown() -> str:
              "## Global\n", "| flag | YAML key | default | meaning |", "|---|---|---|---|"]
     for option in GLOBAL_OPTIONS:
         section, key = option.key.split(".")
-        lines.append(f"| `{global_flag(option)}` | `{section}.{key}` | `{option.default}` | "
+        lines.append(f"| `{global_flag(option)}` | `{section}.{key}` | "
+                     f"`{option.default_text()}` | "
                      f"{_cell(option.help)} |")
     for cls in discover():
         lines += [f"\n## Collector `{cls.name}`\n", f"{cls.description}\n",
                   "| flag | YAML key | default | meaning |", "|---|---|---|---|"]
         for option in collector_options(cls):
             lines.append(f"| `{collector_flag(cls, option)}` | "
-                         f"`collectors.{cls.name}.{option.key}` | `{option.default}` | "
+                         f"`collectors.{cls.name}.{option.key}` | `{option.default_text()}` | "
                          f"{_cell(option.help)} |")
     return "\n".join(lines) + "\n"
 

@@ -62,6 +62,15 @@ def _positive_float(value: Any) -> float:
     return number
 
 
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling `parse_duration` reads back: 5.0 -> `5s`, 600 -> `10m`."""
+    for unit in ("h", "m", "s", "ms"):
+        count = seconds / _UNITS[unit]
+        if count == int(count) and count >= 1:
+            return f"{int(count)}{unit}"
+    return f"{seconds:g}s"
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "str": str,
     "int": int,
@@ -72,21 +81,47 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "regex": parse_regex,
     "list": parse_list,
 }
+# What --help shows for a value of each type; a `str` option names its own (PATH, ADDRESS ...).
+METAVARS = {"int": "N", "float": "NUMBER", "positive_float": "NUMBER", "bool": "BOOL",
+            "duration": "DURATION", "regex": "REGEX", "list": "LIST"}
 
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: its key, type, default and help; `flag` overrides the generated flag name."""
+    """One setting: its key, type, default and help; `flag` overrides the generated flag name,
+    `metavar` the type's placeholder in --help (required for `str`, which has none)."""
 
     key: str
     type: str
     default: Any
     help: str
     flag: str | None = None
+    metavar: str | None = None
 
     def __post_init__(self) -> None:
         if self.type not in PARSERS:
             raise ValueError(f"option {self.key}: unknown type {self.type!r}")
+        if self.placeholder is None:
+            raise ValueError(f"option {self.key}: a str option needs a metavar")
+
+    @property
+    def placeholder(self) -> str | None:
+        """The value's name in --help: DURATION, PATH, REGEX, N ..."""
+        return self.metavar or METAVARS.get(self.type)
+
+    def default_text(self) -> str:
+        """The default as --help and docs/configuration.md print it: durations as `15s`,
+        booleans as on/off, lists comma-separated, an empty value as `""`."""
+        value = self.parse(self.default)
+        if self.type == "duration":
+            return format_duration(value)
+        if self.type == "bool":
+            return "on" if value else "off"
+        if self.type == "list":
+            value = ",".join(value)
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        return str(value) if str(value) else '""'
 
     def parse(self, value: Any) -> Any:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +46,21 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 def pythonpath() -> str:
     """PYTHONPATH for a child that imports llmmon and the tests' helpers from this checkout."""
     return os.pathsep.join([str(SOURCE), str(ROOT)])
+
+
+def markdown_sections(page: Path) -> dict[str, str]:
+    """Each heading's GitHub anchor (lower case, punctuation but `-` and `_` dropped, spaces to
+    hyphens) and the text under it; lines of fenced code blocks are never headings."""
+    sections: dict[str, str] = {}
+    anchor, fenced = None, False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            anchor = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            sections[anchor] = ""
+        elif anchor is not None:
+            sections[anchor] += line + "\n"
+    return sections
 
 
 def free_port() -> int:

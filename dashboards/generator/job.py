@@ -25,8 +25,8 @@ RANK = "{{job_id}} rank {{rank}}"
 RANK_PG = "{{job_id}} rank {{rank}} {{pg}}"
 PG = "{{job_id}} {{pg}}"
 MFU_STEPS = ((None, "red"), (limits.get("mfu_low"), "yellow"), (0.5, "green"))
-# Reference bus bandwidth of a 1 GB all-reduce (DESIGN.md §1): the low end of 8x400G RoCEv2,
-# of H100 8x400G InfiniBand NDR and of H100 NVLink.
+# Reference bus bandwidth of a 1 GB all-reduce (docs/design.md#reference-bus-bandwidth): the low
+# end of 8x400G RoCEv2, of H100 8x400G InfiniBand NDR and of H100 NVLink.
 BUSBW_STEPS = ((None, "red"), (280e9, "orange"), (320e9, "yellow"), (380e9, "green"))
 # How many collectives a rank's last enqueued sequence trails its group's leader, per group.
 BEHIND = (f"max by (cluster, job_id, pg) ({m('llmmon_nccl_last_enqueued_seq', 'job_id')}) "

@@ -1,4 +1,5 @@
-"""Triage: the decision tree of DESIGN.md §1, one row per branch, in the order an SRE walks it.
+"""Triage: the decision tree (docs/design.md#the-decision-tree), one row per branch, in the
+order an SRE walks it.
 
 Each row opens with a verdict stat: "suspect" while any alert of that branch is pending or
 firing for the selected job (job-level alerts) or its nodes (node-level alerts), else "ok".

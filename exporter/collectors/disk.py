@@ -84,7 +84,7 @@ class DiskCollector(Collector):
     specs = tuple(spec for spec, _, _ in FIELDS) + (PRESSURE,)
     options = (
         Option("device_exclude", "regex", DEFAULT_EXCLUDE,
-               "Devices to skip (default: partitions, loop, ram and floppy devices)."),
+               "Devices to skip: partitions, loop, ram and floppy devices by default."),
     )
     interval = 5.0
     timeout = 3.0

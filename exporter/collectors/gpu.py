@@ -301,12 +301,14 @@ class GpuCollector(Collector):
              XID_WATCHED, PROCESS_INFO, PROCESS_MEMORY)
     options = (
         Option("power_sample_rate", "positive_float", 20.0,
-               "Instant power reads per second of every GPU (one thread for all GPUs)."),
+               "Instant power reads per second of every GPU (one thread for all GPUs).",
+               metavar="HZ"),
         Option("power_busy_fraction", "positive_float", 0.5,
-               "Busy level for dip detection, as a fraction of the enforced power limit."),
+               "Busy level for dip detection, as a fraction of the enforced power limit.",
+               metavar="FRACTION"),
         Option("power_low_fraction", "positive_float", 0.3,
                "Low level: a dip is a fall below it after reaching the busy level; time "
-               "below it is llmmon_gpu_power_low_seconds_total."),
+               "below it is llmmon_gpu_power_low_seconds_total.", metavar="FRACTION"),
         Option("slow_interval", "duration", "15s",
                "How often the calls that block for milliseconds run (energy, ECC, row "
                "remapping, PCIe and NVLink counters, throttle time)."),

@@ -63,9 +63,9 @@ class NetdevCollector(Collector):
     options = (
         Option("dump", "str", "",
                "Read link statistics from this `ip -s -s -j link show` capture instead of "
-               "rtnetlink.", flag="--netlink.dump"),
+               "rtnetlink.", flag="--netlink.dump", metavar="FILE"),
     ) + filter_options("interfaces", DEFAULT_EXCLUDE,
-                       "Interfaces to skip (default: loopback and container networking).")
+                       "Interfaces to skip: loopback and container networking by default.")
     interval = 5.0
     timeout = 3.0
 

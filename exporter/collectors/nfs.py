@@ -69,7 +69,8 @@ class NfsCollector(Collector):
     options = (
         Option("mountstats", "str", "1/mountstats",
                "mountstats file under --path.procfs: 1/mountstats shows the host's mounts "
-               "with hostPID; self/mountstats only the exporter's own mount namespace."),
+               "with hostPID; self/mountstats only the exporter's own mount namespace.",
+               metavar="PATH"),
         Option("operations", "regex", DEFAULT_OPERATIONS,
                "NFS operations exported per mount (NFSv4 has about 60)."),
         Option("mountpoint_exclude", "regex", "", "Mount points to skip."),

@@ -133,7 +133,7 @@ class RanksCollector(Collector):
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
-               flag="--spool.dir"),
+               flag="--spool.dir", metavar="DIR"),
         Option("stale_after", "duration", "30s",
                "A rank whose file is older than this is reported down (llmmon_rank_up 0)."),
         Option("drop_after", "duration", "10m",
@@ -147,12 +147,14 @@ class RanksCollector(Collector):
                "Stall time before the automatic dump; keep it under the NCCL watchdog (10 min) "
                "and heartbeat monitor (8 min) timeouts."),
         Option("fr_dir", "str", DEFAULT_FR_DIR,
-               "Where Flight Recorder dumps land (dump file prefix FR_DIR/JOB/rank_)."),
+               "Where Flight Recorder dumps land (dump file prefix FR_DIR/JOB/rank_).",
+               metavar="FR_DIR"),
         Option("pipe_dir", "str", DEFAULT_PIPE_DIR,
-               "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe)."),
+               "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe).", metavar="PIPE_DIR"),
         Option("dumps_keep", "int", 8, "Dump sets kept for post-mortems (newest first)."),
         Option("max_file_bytes", "int", 16 << 20,
-               "Larger spool files are refused (18.5k NCCL entries make ~10 MB)."),
+               "Larger spool files are refused (18.5k NCCL entries make ~10 MB).",
+               metavar="BYTES"),
         Option("max_files", "int", 512, "Spool files read per run at most."),
         Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound)."),
     )

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "`llmmon serve --replay ARCHIVE` serves it elsewhere. See docs/simulate.md.")
     parser.add_argument("--output", "-o", type=Path, metavar="PATH",
                         help="archive to write (default: llmmon-capture-HOST-UTCTIME.tar.gz)")
-    add_serve_arguments(parser, discover())
+    add_serve_arguments(parser, discover(), web=False)
     parser.set_defaults(func=run)
 
 

@@ -1,7 +1,7 @@
 """`llmmon diagnose`: verdicts with their evidence, one branch of the triage tree at a time.
 
-By default it walks the whole decision tree of DESIGN.md §1 (llmmon.diagnose: this node's
-daemon, or the cluster with `--prometheus`; `--precision` ... `--network` restrict it).  Each
+By default it walks the whole decision tree (docs/design.md#the-decision-tree; llmmon.diagnose:
+this node's daemon, or the cluster with `--prometheus`; `--precision` ... `--network` restrict it).  Each
 `Branch` here adds its own flags, gathers its own evidence and returns findings; `--<branch>`
 prints those instead of the tree.  Exit status: 0 when nothing is critical or suspect, 1 when
 something is, 2 when the evidence could not be read.

@@ -1,5 +1,5 @@
-"""The decision tree of DESIGN.md §1 as data: branches in the order an SRE walks them, each a
-list of checks; `evaluate` runs them over a `View` and assembles the report.
+"""The decision tree (docs/design.md#the-decision-tree) as data: branches in the order an SRE
+walks them, each a list of checks; `evaluate` runs them over a `View` and assembles the report.
 
 A check is a function of the view and the thresholds that returns an `Outcome`; its identity,
 the alerts that page on the same condition and the thresholds it uses are declared beside it, so

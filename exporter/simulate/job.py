@@ -23,7 +23,8 @@ STEP_SECONDS = 1.9
 COLLECTIVES_PER_STEP = 8  # half all-gathers (parameters), half reduce-scatters (gradients)
 ELEMENTS = 1 << 29  # per collective, the unsharded tensor
 DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4}
-# Bus bandwidth, bytes/s (DESIGN.md §1): NVLink within a node, 8x400G RoCE after tuning across.
+# Bus bandwidth, bytes/s: NVLink within a node, 8x400G RoCE after tuning across
+# (docs/design.md#reference-bus-bandwidth).
 NVLINK_BANDWIDTH, ROCE_BANDWIDTH = 400e9, 330e9
 JITTER = 0.0002  # seconds of enqueue spread between healthy ranks
 PARAMETERS = 8e9

@@ -9,16 +9,12 @@ import re
 import pytest
 
 from alerts import render
+from tests.conftest import markdown_sections
 
-# DESIGN.md §4 "Alert names": the decision tree, one name per branch.
-DESIGN_ALERTS = {
-    "LLMTrainingHang", "LLMTrainingStraggler", "LLMTrainingNotBF16", "LLMTrainingLossNonFinite",
-    "LLMTrainingMFULow", "GPUMemoryOOM", "GPUMemoryOOMRisk", "GPUMemoryFragmentation",
-    "GPUDataLoaderStarvation", "GPUThermalThrottle", "GPUPowerBelowPeers", "GPUXidError",
-    "GPULost", "GPUEccUncorrectable", "RDMAPFCStorm", "RDMAPacketLoss", "RDMACongestion",
-    "RDMALinkDown", "RDMALinkFlapping", "NCCLNotUsingRDMA", "GPUDirectRDMADisabled",
-    "DiskReadSaturated", "LLMMonExporterDown", "LLMMonCollectorFailing", "LLMMonReporterStale",
-}
+# The decision tree, one name per branch: the list of docs/design.md#alert-names (its last
+# paragraph), which this checks against the shipped rules.
+DESIGN_ALERTS = set(re.findall(r"`(\w+)`", markdown_sections(
+    render.ROOT / "docs" / "design.md")["alert-names"].strip().split("\n\n")[-1]))
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {
     "job_id:llmmon_training_mfu:ratio",
@@ -28,7 +24,7 @@ DASHBOARD_RECORDINGS = {
     "job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m",
     "job_id_rank:llmmon_nccl_straggler_score:ratio",
 }
-# Labels Prometheus adds at scrape time (DESIGN.md §4); every series may carry them.
+# Labels Prometheus adds at scrape time (docs/design.md#labels); every series may carry them.
 TARGET_LABELS = {"cluster", "node", "instance", "job"}
 RUNBOOKS = render.ROOT / "docs" / "runbooks.md"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +95,82 @@ def test_help_documents_every_flag() -> None:
         flags.append(f"--no-collector.{cls.name}")
     missing = [flag for flag in flags if flag not in result.stdout]
     assert not missing
+
+
+def _help(command: str) -> dict[str, tuple[str, str]]:
+    """`llmmon COMMAND --help` as run by a user: each flag's metavar (empty for a switch) and
+    its help text. A wide terminal keeps every help text on one line."""
+    result = subprocess.run([sys.executable, "-m", "llmmon", command, "--help"],
+                            capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "COLUMNS": "1000"})
+    assert result.returncode == 0, result.stderr
+    entries: dict[str, tuple[str, str]] = {}
+    flag = None
+    for line in result.stdout.splitlines():
+        match = re.match(r"  (--[\w.-]+)(?: ([A-Z_]+))?(?:  +(.*))?$", line)
+        if match:
+            flag = match.group(1)
+            entries[flag] = (match.group(2) or "", match.group(3) or "")
+        elif flag and line.startswith(" " * 20) and not entries[flag][1]:
+            entries[flag] = (entries[flag][0], line.strip())
+    return entries
+
+
+# How --help spells each type's default: one spelling per type, the one the flag accepts.
+DEFAULT_SHAPES = {"duration": r"\d+(ms|s|m|h)", "bool": r"on|off", "int": r"\d+",
+                  "positive_float": r"\d+(\.\d+)?", "list": r"[^ ,]+(,[^ ,]+)*"}
+
+
+def test_help_names_each_value_and_spells_defaults_one_way() -> None:
+    entries = _help("serve")
+    options = [(global_flag(o), o) for o in GLOBAL_OPTIONS]
+    options += [(collector_flag(cls, o), o) for cls in discover() for o in collector_options(cls)]
+    for flag, option in options:
+        metavar, text = entries[flag]
+        if option.key == "enabled":
+            assert metavar == "", flag
+        else:
+            assert metavar not in ("", "VALUE") and metavar == option.placeholder, flag
+        default = re.search(r"\(default: (.*)\)$", text)
+        assert default, f"{flag}: no default in {text!r}"
+        shape = DEFAULT_SHAPES.get("bool" if option.key == "enabled" else option.type)
+        if shape:
+            assert re.fullmatch(shape, default.group(1)), (flag, default.group(1))
+    assert "VALUE" not in str(entries)
+    # The spellings people see, and type back into a flag.
+    assert entries["--collector.disk.interval"] == (
+        "DURATION", "How often the disk collector runs. (default: 5s)")
+    assert entries["--sampler.max-staleness"][1].endswith("(default: 1m)")
+    assert entries["--collector.gpu.processes"][0] == "BOOL"
+    assert entries["--collector.gpu.processes"][1].endswith("(default: on)")
+    assert entries["--collector.nic.all-interfaces"][1].endswith("(default: off)")
+    assert entries["--collector.gpu.power-sample-rate"][1].endswith("(default: 20)")
+    assert entries["--web.listen-address"][0] == "ADDRESS"
+    assert entries["--fake-nvml"][1].endswith('(default: "")')
+
+
+EMPTY = '""'
+
+
+def test_help_defaults_are_accepted_back() -> None:
+    """What --help prints as a default, given as the flag's value, gives the same settings."""
+    entries = _help("serve")
+    argv = []
+    for flag, (metavar, text) in entries.items():
+        default = re.search(r"\(default: (.*)\)$", text)
+        if metavar and default:
+            value = default.group(1)
+            argv.append(f"{flag}={'' if value == EMPTY else value}")
+    assert len(argv) > 40
+    assert settings_for(*argv) == settings_for()
+
+
+def test_capture_takes_no_web_flags() -> None:
+    entries = _help("capture")
+    assert not [flag for flag in entries if flag.startswith("--web.")]
+    assert {"--path.sysfs", "--fake-nvml", "--collector.gpu", "--spool.dir"} <= set(entries)
+    result = subprocess.run([sys.executable, "-m", "llmmon", "capture",
+                             "--web.listen-address=:9999"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and "unrecognized arguments: --web.listen-address" \
+        in result.stderr

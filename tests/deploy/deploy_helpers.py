@@ -57,7 +57,8 @@ def stop(process: subprocess.Popen) -> None:
 
 def kustomize(path: Path) -> list[dict]:
     """`kubectl kustomize` output as a list of objects (the real renderer, offline)."""
-    out = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True,
+    kubectl = require("kubectl", KUBECTL_HINT)
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
@@ -120,9 +121,15 @@ class Exporter:
         return f"http://127.0.0.1:{self.port}"
 
 
-def require(binary: str) -> str:
+INSTALLED_BY_SCRIPT = "scripts/install.sh --test installs it"
+KUBECTL_HINT = ("the manifest tests render with it; it is not in Debian's archive: install it "
+                "from your Kubernetes packages (https://kubernetes.io/docs/tasks/tools/)")
+
+
+def require(binary: str, hint: str = INSTALLED_BY_SCRIPT) -> str:
+    """The binary's path, or a failure that says what is missing and how to get it."""
     path = shutil.which(binary)
-    assert path, f"{binary} is not installed: scripts/install.sh --test installs it"
+    assert path, f"{binary} is not installed: {hint}"
     return path
 
 

@@ -14,7 +14,7 @@ from llmmon.diagnose import schema
 from llmmon.diagnose.branches import TREE
 from llmmon.diagnose.recording import RULES
 from llmmon.diagnose.thresholds import Thresholds, ThresholdsError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, markdown_sections
 
 CONFIG = ROOT / "alerts" / "config.yaml"
 
@@ -74,16 +74,10 @@ def test_checks_name_shipped_alerts() -> None:
                               "LLMMonReporterStale"}
 
 
-def _anchors(page: Path) -> set[str]:
-    """GitHub's heading anchors: lower-cased, punctuation dropped, spaces to hyphens."""
-    return {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-            for line in page.read_text().splitlines() if line.startswith("#")}
-
-
 def test_runbook_links_point_at_sections() -> None:
     thresholds = Thresholds()
-    pages = {"runbooks.md": _anchors(ROOT / "docs" / "runbooks.md"),
-             "diagnose.md": _anchors(ROOT / "docs" / "diagnose.md")}
+    pages = {"runbooks.md": markdown_sections(ROOT / "docs" / "runbooks.md"),
+             "diagnose.md": markdown_sections(ROOT / "docs" / "diagnose.md")}
     base = thresholds.runbook_base_url.rsplit("/", 1)[0]
     for branch in TREE:
         for check in branch.checks:

@@ -1,6 +1,7 @@
 """Network checklist, for collectives slower than expected: is NCCL on RDMA at all, is each GPU
 near its NIC, is GPUDirect RDMA on, are PFC pauses and ECN marks few, is one rank late, and how
-does the bus bandwidth compare with the reference values of DESIGN.md §1?
+does the bus bandwidth compare with the reference values of
+docs/design.md#reference-bus-bandwidth?
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ PFC = "node_netdev_priority:llmmon_nic_pfc_pause:ratio_rate1m"
 STRAGGLER = "job_id_rank:llmmon_nccl_straggler_score:ratio"
 BUSBW = "job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m"
 GB = 1e9
-# DESIGN.md §1: bus bandwidth of a 1 GB all-reduce on H100-class GPUs (GB/s, low and high end).
+# Bus bandwidth of a 1 GB all-reduce on H100-class GPUs, low and high end
+# (docs/design.md#reference-bus-bandwidth).
 REFERENCES = {"nvlink": ("NVLink", 380 * GB, 420 * GB),
               "infiniband": ("8x400G InfiniBand NDR", 320 * GB, 380 * GB),
               "roce": ("8x400G RoCEv2 after tuning", 280 * GB, 360 * GB)}
