@@ -245,6 +245,11 @@ class Sampler:
             except Exception as exc:  # the run is lost, not the driver thread
                 log.debug("collector=%s render\n%s", collector.name, traceback.format_exc())
                 error = f"rendering failed: {type(exc).__name__}: {exc}"
+        if fragments is not None and ctx.watched == 0:
+            wrong_roots = collector.env.root_problems(collector.roots)
+            if wrong_roots:  # not "this node has none": the daemon looks in the wrong place
+                fragments = None
+                error = f"nothing to watch: {ctx.watched_what}; " + "; ".join(wrong_roots)
         with self._lock:
             state = self.states[collector.name]
             previous_status = state.status

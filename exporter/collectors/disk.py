@@ -86,6 +86,7 @@ class DiskCollector(Collector):
         Option("device_exclude", "regex", DEFAULT_EXCLUDE,
                "Devices to skip (default: partitions, loop, ram and floppy devices)."),
     )
+    roots = ("procfs",)
     interval = 5.0
     timeout = 3.0
 

@@ -215,6 +215,8 @@ class RanksCollector(Collector):
         for problem in result.problems:
             ctx.error(problem.key, problem.message)
             self._rejected[problem.reason] += 1
+        for problem in result.persisting:
+            ctx.persists(problem.key, problem.message)
         self._sanitised.update(result.sanitised)
         evidence = hang.evidence(self.ledger, now, self.config["stale_after"],
                                        self.config["stall_after"])
@@ -242,6 +244,9 @@ class RanksCollector(Collector):
                 log.warning("%s; requested a Flight Recorder dump: %s", group["summary"], results)
         live = {job["job_id"] for job in evidence["jobs"]}
         self._dumped = {key for key in self._dumped if key[0] in live}
+        with self._lock:  # a job's dump counter goes with its ranks, as its other series do
+            for job_id in self._dumps_requested.keys() - live:
+                del self._dumps_requested[job_id]
         try:
             self._kept = self.keeper.harvest(now)
         except OSError as exc:
