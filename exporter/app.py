@@ -10,11 +10,13 @@ import html
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from llmmon import __version__
 from llmmon.collector import Collector
+from llmmon.jsonresponse import SafeJSONResponse as JSONResponse
 from llmmon.sampler import Sampler
+from llmmon.textsafe import printable
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -51,7 +53,8 @@ def create_app(sampler: Sampler, collectors: list[Collector],
     async def landing() -> str:
         rows = "".join(
             f"<tr><td>{html.escape(s['name'])}</td><td class='{html.escape(s['status'])}'>"
-            f"{html.escape(s['status'])}</td><td>{html.escape(s['message'] or '')}</td>"
+            f"{html.escape(s['status'])}</td>"
+            f"<td>{html.escape(printable(s['message'] or ''))}</td>"
             f"<td>{s['series']}</td></tr>"
             for s in sampler.snapshot_json())
         path = html.escape(telemetry_path)

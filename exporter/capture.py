@@ -43,7 +43,7 @@ from llmmon.collectors.rdma import RdmaCollector
 from llmmon.config import Settings
 from llmmon.sources import infiniband, pci
 from llmmon.sources.ethtool import HEADER, DumpDirectory, Ioctl, StatisticsSource
-from llmmon.sources.fs import RootedFS, SourceError
+from llmmon.sources.fs import SKELETONS, RootedFS, SourceError
 from llmmon.sources.netlink import IpJsonDump, Rtnetlink
 from llmmon.sources.nvml import NvmlError, NvmlUnavailable
 from llmmon.sources.nvml_open import open_nvml
@@ -269,6 +269,15 @@ def _spool(settings: Settings, dest: Path) -> None:
         shutil.copy2(spool_file.path, target)
 
 
+def _skeleton(root: Path) -> None:
+    """The directories every root has, empty where nothing under them was read: the replayed
+    trees are roots of their own, not a wrong --path.sysfs or --path.procfs."""
+    for kind, where in (("sysfs", "sys"), ("procfs", "proc")):
+        for entry in SKELETONS[kind]:
+            if entry.endswith("/"):
+                (root / where / entry).mkdir(parents=True, exist_ok=True)
+
+
 def capture(settings: Settings, output: Path) -> dict[str, Any]:
     """Write the archive; returns its manifest.  Unreadable parts are listed, not fatal."""
     problems: list[str] = []
@@ -293,6 +302,7 @@ def capture(settings: Settings, output: Path) -> dict[str, Any]:
             if name == "nvml":
                 pids = result
         _procfs(settings, procfs, root / "proc", pids, problems)
+        _skeleton(root)
         manifest = {
             "format": FORMAT, "llmmon": __version__, "host": socket.gethostname(),
             "captured_at": time.time(),

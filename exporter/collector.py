@@ -28,6 +28,17 @@ class Environment:
     procfs: RootedFS
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def root_problems(self, kinds: Iterable[str]) -> list[str]:
+        """For each root in `kinds` (sysfs, procfs) that lacks what every Linux root has,
+        one line naming the flag, the path and what is missing."""
+        problems = []
+        for kind in kinds:
+            root: RootedFS = getattr(self, kind)
+            why = root.not_a_root(kind)
+            if why:
+                problems.append(f"--path.{kind}={root.root} {why}: not a {kind} root")
+        return problems
+
 
 class ErrorLog:
     """Logs each distinct problem once, and its recovery once, instead of every cycle."""
@@ -45,7 +56,9 @@ class ErrorLog:
         self._active = dict(errors)
 
     def fail(self, message: str) -> None:
-        self.cycle({"collector": message})
+        """A failed or hung run says nothing about the problems it did not get to: they
+        stay active rather than being logged as recovered."""
+        self.cycle({**self._active, "collector": message})
 
 
 class Context:
@@ -62,6 +75,11 @@ class Context:
         self.error_count += 1
         self.errors[key] = message
 
+    def persists(self, key: str, message: str) -> None:
+        """A problem counted by an earlier run that is still there (a bad file parsed once):
+        not counted again, but still active, so its recovery is not logged."""
+        self.errors[key] = message
+
     def watching(self, count: int, what: str) -> None:
         """Say how many things this run watched; zero means 'nothing here', not a failure."""
         self.watched = count
@@ -76,6 +94,9 @@ class Collector:
     specs: ClassVar[tuple[MetricSpec, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
     enabled_by_default: ClassVar[bool] = True
+    # The roots (sysfs, procfs) the things it watches are found under: a run that finds
+    # nothing under a root that is not one fails, naming the root, instead of reading 'empty'.
+    roots: ClassVar[tuple[str, ...]] = ()
     interval: ClassVar[float] = 5.0
     timeout: ClassVar[float] = 3.0
 

@@ -36,7 +36,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "name order), instead of the real library; every collector that names GPUs uses "
            "it. See docs/gpu.md.", flag="--fake-nvml", metavar="PATH"),
     Option("sampler.max_staleness", "duration", "60s",
-           "How long a failing or hung collector's last good snapshot is still served."),
+           "How long a failing or hung collector's last good snapshot is still served.",
+           minimum="1s", maximum="24h"),
 )
 COMMON_COLLECTOR_OPTIONS = ("enabled", "interval", "timeout")
 
@@ -61,9 +62,10 @@ def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
                f"Enable the {cls.name} collector: {cls.description}",
                flag=f"--{prefix}"),
         Option("interval", "duration", cls.interval,
-               f"How often the {cls.name} collector runs."),
+               f"How often the {cls.name} collector runs.", minimum="100ms", maximum="24h"),
         Option("timeout", "duration", cls.timeout,
-               f"After this long a {cls.name} run counts as failed (it may still be blocked)."),
+               f"After this long a {cls.name} run counts as failed (it may still be blocked).",
+               minimum="10ms", maximum="1h"),
     ) + cls.options
 
 
@@ -80,6 +82,11 @@ class Settings:
         return self.values[key]
 
 
+def _help(option: Option) -> str:
+    bounds = f"; {option.range}" if option.range else ""
+    return f"{option.help} (default: {option.default_text()}{bounds})"
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser, classes: list[type[Collector]],
                         web: bool = True) -> None:
     """Flags for every option; defaults stay None so only given flags override the file.
@@ -94,7 +101,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, classes: list[type[Coll
         if web or not option.key.startswith("web."):
             parser.add_argument(global_flag(option), dest=f"g:{option.key}",
                                 metavar=option.placeholder,
-                                help=f"{option.help} (default: {option.default_text()})")
+                                help=_help(option))
     for cls in classes:
         group = parser.add_argument_group(f"collector {cls.name}", cls.description)
         for option in collector_options(cls):
@@ -102,14 +109,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, classes: list[type[Coll
             if option.key == "enabled":
                 group.add_argument(collector_flag(cls, option), dest=dest,
                                    action="store_const", const=True,
-                                   help=f"{option.help} (default: {option.default_text()})")
+                                   help=_help(option))
                 group.add_argument(f"--no-collector.{cls.name}", dest=dest,
                                    action="store_const", const=False,
                                    help=f"Disable the {cls.name} collector.")
             else:
                 group.add_argument(collector_flag(cls, option), dest=dest,
                                    metavar=option.placeholder,
-                                   help=f"{option.help} (default: {option.default_text()})")
+                                   help=_help(option))
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
@@ -140,6 +147,17 @@ def _parse(option: Option, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def _choose(option: Option, flag_value: Any, flag: str, file_values: dict[str, Any],
+            where: str, default: Any) -> Any:
+    """The flag's value, else the file's, else `default`.  The file's value is checked even
+    when a flag overrides it: a bad file fails now, not on the day someone drops the flag."""
+    key = option.key.rpartition(".")[2]
+    from_file = _parse(option, file_values[key], where) if key in file_values else None
+    if flag_value is not None:
+        return _parse(option, flag_value, flag)
+    return from_file if key in file_values else default
+
+
 def build_settings(args: argparse.Namespace, classes: list[type[Collector]]) -> Settings:
     """Merge defaults, the YAML file and the flags into validated settings."""
     data = _load_yaml(args.config_file) if getattr(args, "config_file", None) else {}
@@ -153,13 +171,8 @@ def build_settings(args: argparse.Namespace, classes: list[type[Collector]]) -> 
     for option in GLOBAL_OPTIONS:
         section, key = option.key.split(".")
         file_section = _section(data.get(section, {}), section)
-        value = given.get(f"g:{option.key}")
-        if value is not None:
-            values[option.key] = _parse(option, value, global_flag(option))
-        elif key in file_section:
-            values[option.key] = _parse(option, file_section[key], option.key)
-        else:
-            values[option.key] = option.parse(option.default)
+        values[option.key] = _choose(option, given.get(f"g:{option.key}"), global_flag(option),
+                                     file_section, option.key, option.parse(option.default))
     for section in known_sections - {"collectors"}:
         keys = {o.key.split(".")[1] for o in GLOBAL_OPTIONS if o.key.startswith(section + ".")}
         unknown = set(_section(data.get(section, {}), section)) - keys
@@ -182,15 +195,10 @@ def build_settings(args: argparse.Namespace, classes: list[type[Collector]]) -> 
                               f"{', '.join(sorted(unknown))}")
         config: dict[str, Any] = {}
         for option in options:
-            flag_value = given.get(f"c:{cls.name}:{option.key}")
-            if flag_value is not None:
-                config[option.key] = _parse(option, flag_value, collector_flag(cls, option))
-            elif option.key in file_values:
-                config[option.key] = _parse(option, file_values[option.key],
-                                            f"collectors.{cls.name}.{option.key}")
-            elif option.key == "enabled" and given.get("disable_defaults"):
-                config[option.key] = False
-            else:
-                config[option.key] = option.parse(option.default)
+            default = (False if option.key == "enabled" and given.get("disable_defaults")
+                       else option.parse(option.default))
+            config[option.key] = _choose(option, given.get(f"c:{cls.name}:{option.key}"),
+                                         collector_flag(cls, option), file_values,
+                                         f"collectors.{cls.name}.{option.key}", default)
         settings.collectors[cls.name] = config
     return settings

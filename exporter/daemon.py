@@ -14,7 +14,7 @@ from llmmon.collectors import discover
 from llmmon.config import Settings
 from llmmon.diagnose import Diagnoser
 from llmmon.sampler import Sampler
-from llmmon.sources.fs import RootedFS
+from llmmon.sources.fs import SKELETONS, RootedFS
 
 log = logging.getLogger("llmmon.daemon")
 
@@ -38,6 +38,13 @@ def build(settings: Settings) -> Daemon:
             continue
         collectors.append(cls(env, config))
     log.info("collectors enabled: %s", ", ".join(c.name for c in collectors) or "none")
+    for kind in ("sysfs", "procfs"):
+        for problem in env.root_problems([kind]):
+            users = [c.name for c in collectors if kind in c.roots]
+            log.log(logging.ERROR if users else logging.WARNING,
+                    "%s (every Linux %s has %s); collectors that find nothing under it "
+                    "fail: %s", problem, kind, ", ".join(SKELETONS[kind]),
+                    ", ".join(users) or "none enabled")
     sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"])
     app = create_app(sampler, collectors, settings["web.telemetry_path"])
     diagnoser = Diagnoser(sampler)

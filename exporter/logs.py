@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from llmmon.textsafe import printable
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "warn": logging.WARNING, "error": logging.ERROR}
 
@@ -16,17 +18,27 @@ def _timestamp(record: logging.LogRecord) -> str:
         f".{int(record.msecs):03d}Z"
 
 
+def _message(formatter: logging.Formatter, record: logging.LogRecord) -> str:
+    """The message, its traceback if any, and nothing UTF-8 cannot write."""
+    message = record.getMessage()
+    if record.exc_info:
+        message += "\n" + formatter.formatException(record.exc_info)
+    return printable(message)
+
+
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage().replace('"', '\\"').replace("\n", "\\n")
+        # JSON string quoting escapes backslashes, quotes and control characters, which is
+        # what logfmt parsers unquote: a file name holding `\"` cannot add fields to the line.
+        message = json.dumps(_message(self, record), ensure_ascii=False)
         return (f'ts={_timestamp(record)} level={record.levelname.lower()} '
-                f'logger={record.name} msg="{message}"')
+                f'logger={record.name} msg={message}')
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps({"ts": _timestamp(record), "level": record.levelname.lower(),
-                           "logger": record.name, "msg": record.getMessage()})
+                           "logger": record.name, "msg": _message(self, record)})
 
 
 def setup(level: str, fmt: str) -> None:

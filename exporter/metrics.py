@@ -8,7 +8,7 @@ docs/metrics.md, so the reference cannot drift from what is exported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -17,7 +17,20 @@ from prometheus_client.core import (
     Metric,
 )
 
+from llmmon.textsafe import printable
+
 KINDS = ("gauge", "counter", "histogram", "info")
+# The widest counter a kernel or a device keeps is 64-bit; anything beyond is not a count.
+COUNTER_MAX = 2 ** 64
+# Samples that are counts (never negative, at most COUNTER_MAX), by their name's suffix.
+_COUNT_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count")}
+
+
+def check_count(value: int) -> int:
+    """`value` if it can be a counter's reading, else ValueError naming the range."""
+    if not 0 <= value <= COUNTER_MAX:
+        raise ValueError("outside a counter's range (0 to 2^64)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -85,3 +98,53 @@ class Families:
 
     def __len__(self) -> int:
         return len(self._families)
+
+
+def _problem(value: object, is_count: bool) -> str:
+    """Why `value` cannot be exported (the renderer calls float() on it), or ''."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return "a number beyond any float; series skipped"
+    except (TypeError, ValueError):
+        return f"not a number ({type(value).__name__}); series skipped"
+    if is_count and not (0 <= number <= COUNTER_MAX):  # NaN fails this too
+        return "outside a counter's range (0 to 2^64); series skipped"
+    return ""
+
+
+def _series(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """A histogram's samples are one series: its bucket bound is not part of the identity."""
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+
+
+def checked(families: Iterable[Metric], error: Callable[[str, str], None]) -> list[Metric]:
+    """`families` ready to render: a series with a value no renderer can write, or a count
+    out of a counter's range, is dropped and reported through `error(key, message)` (as any
+    bad input is); label values UTF-8 cannot encode are escaped (`textsafe.printable`).
+    Whatever a collector produced, rendering the result cannot raise."""
+    result = []
+    for family in families:
+        counts = _COUNT_SUFFIXES.get(family.type, ())
+        bad: set[tuple[tuple[str, str], ...]] = set()
+        for sample in family.samples:
+            problem = _problem(sample.value, sample.name.endswith(counts) if counts else False)
+            if problem:
+                series = _series(sample.labels)
+                if series not in bad:
+                    bad.add(series)
+                    name = printable(sample.name + "{" + ",".join(
+                        f'{k}="{v}"' for k, v in series) + "}")
+                    error(name, f"{name}: {problem}")
+        samples = []
+        for sample in family.samples:
+            if bad and _series(sample.labels) in bad:
+                continue
+            labels = sample.labels
+            if not all(v.isascii() for v in labels.values()):
+                labels = {k: printable(v) for k, v in labels.items()}
+                sample = sample._replace(labels=labels)
+            samples.append(sample)
+        family.samples = samples
+        result.append(family)
+    return result

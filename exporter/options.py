@@ -2,11 +2,14 @@
 
 A collector declares its options once; the CLI turns each into a node_exporter-style flag
 (`--collector.<name>.<option>`) and the config loader accepts the same key under
-`collectors.<name>`, so flags, YAML and `--help` cannot disagree.
+`collectors.<name>`, so flags, YAML and `--help` cannot disagree.  A numeric option declares
+its range too: YAML happily yields `.inf`, `.nan` and `-1`, and an interval of a microsecond
+or a rank bound of infinity would freeze or spin the daemon instead of failing at start-up.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +27,8 @@ def parse_duration(value: Any) -> float:
         if not match:
             raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 5s, 1m)")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(seconds):  # YAML's .inf and .nan
+        raise ValueError(f"not a finite duration: {value!r}")
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {value!r}")
     return seconds
@@ -55,10 +60,29 @@ def parse_list(value: Any) -> tuple[str, ...]:
     return tuple(part.strip() for part in str(value).split(",") if part.strip())
 
 
-def _positive_float(value: Any) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError(f"must be positive: {value!r}")
+def parse_int(value: Any) -> int:
+    """A whole number: `8`, `"8"` or `8.0`; not `2.5`, not `.inf`, not `true`."""
+    if isinstance(value, bool):
+        raise ValueError(f"not an integer: {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():  # False for NaN and infinities too
+            raise ValueError(f"not an integer: {value!r}")
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"not an integer: {value!r}") from None
+
+
+def parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"not a number: {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r}")
     return number
 
 
@@ -73,23 +97,27 @@ def format_duration(seconds: float) -> str:
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "str": str,
-    "int": int,
-    "float": float,
-    "positive_float": _positive_float,
+    "int": parse_int,
+    "float": parse_float,
     "bool": parse_bool,
     "duration": parse_duration,
     "regex": parse_regex,
     "list": parse_list,
 }
 # What --help shows for a value of each type; a `str` option names its own (PATH, ADDRESS ...).
-METAVARS = {"int": "N", "float": "NUMBER", "positive_float": "NUMBER", "bool": "BOOL",
+METAVARS = {"int": "N", "float": "NUMBER", "bool": "BOOL",
             "duration": "DURATION", "regex": "REGEX", "list": "LIST"}
+
+
+# Types whose options must declare `minimum` and `maximum` (written as the type's values).
+BOUNDED = ("int", "float", "duration")
 
 
 @dataclass(frozen=True)
 class Option:
     """One setting: its key, type, default and help; `flag` overrides the generated flag name,
-    `metavar` the type's placeholder in --help (required for `str`, which has none)."""
+    `metavar` the type's placeholder in --help (required for `str`, which has none); numeric
+    types declare the inclusive range of sane values."""
 
     key: str
     type: str
@@ -97,12 +125,18 @@ class Option:
     help: str
     flag: str | None = None
     metavar: str | None = None
+    minimum: Any = None
+    maximum: Any = None
 
     def __post_init__(self) -> None:
         if self.type not in PARSERS:
             raise ValueError(f"option {self.key}: unknown type {self.type!r}")
+        if self.type in BOUNDED and (self.minimum is None or self.maximum is None):
+            raise ValueError(f"option {self.key}: a {self.type} option declares its "
+                             "minimum and maximum")
         if self.placeholder is None:
             raise ValueError(f"option {self.key}: a str option needs a metavar")
+        self.parse(self.default)  # a default outside its own range is a declaration bug
 
     @property
     def placeholder(self) -> str | None:
@@ -123,8 +157,17 @@ class Option:
             value = f"{value:g}"
         return str(value) if str(value) else '""'
 
+    @property
+    def range(self) -> str:
+        """`100ms to 24h`, or '' for an option without one (for --help and the docs)."""
+        return f"{self.minimum} to {self.maximum}" if self.type in BOUNDED else ""
+
     def parse(self, value: Any) -> Any:
+        parser = PARSERS[self.type]
         try:
-            return PARSERS[self.type](value)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+            parsed = parser(value)
+        except (TypeError, OverflowError) as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        if self.type in BOUNDED and not parser(self.minimum) <= parsed <= parser(self.maximum):
+            raise ValueError(f"{value!r} is out of range: use {self.range}")
+        return parsed

@@ -22,7 +22,7 @@ from prometheus_client.exposition import generate_latest as render_text
 from prometheus_client.openmetrics.exposition import generate_latest as render_openmetrics
 
 from llmmon.collector import Collector, Context, ErrorLog
-from llmmon.metrics import Families, MetricSpec
+from llmmon.metrics import Families, MetricSpec, checked
 
 log = logging.getLogger("llmmon.sampler")
 
@@ -186,33 +186,44 @@ class Sampler:
     def _drive(self, collector: Collector) -> None:
         worker = _Worker(collector.name)
         errlog = ErrorLog(collector.name)
-        timeout = collector.config["timeout"]
         while not self._stop.is_set():
             started = time.monotonic()
-            ctx = Context()
-            result: dict[str, Any] = {}
-
-            def job() -> None:
-                try:
-                    result["families"] = list(collector.collect(ctx))
-                except Exception as exc:
-                    result["error"] = f"{type(exc).__name__}: {exc}"
-                    log.debug("collector=%s\n%s", collector.name, traceback.format_exc())
-
-            worker.submit(job)
-            if worker.done.wait(timeout):
-                self._finish(collector, result.get("families"), time.monotonic() - started,
-                             result.get("error"), ctx, errlog)
-            else:
+            try:
+                if not self._cycle(collector, worker, errlog, started):
+                    return
+            except Exception as exc:  # a bug met by one run costs that run, never the thread
+                log.exception("collector=%s: run failed unexpectedly", collector.name)
                 self._finish(collector, None, time.monotonic() - started,
-                             f"timed out after {timeout:g}s (the read is still blocked)",
-                             ctx, errlog)
-                while not worker.done.wait(1.0):
-                    if self._stop.is_set():
-                        return
-                    self._expire(collector.name)
+                             f"{type(exc).__name__}: {exc}", Context(), errlog)
             delay = collector.config["interval"] - (time.monotonic() - started)
             self._stop.wait(max(delay, 0.0))
+
+    def _cycle(self, collector: Collector, worker: _Worker, errlog: ErrorLog,
+               started: float) -> bool:
+        """One run handed to the worker; False when the daemon stopped while it hung."""
+        timeout = collector.config["timeout"]
+        ctx = Context()
+        result: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                result["families"] = list(collector.collect(ctx))
+            except Exception as exc:
+                result["error"] = f"{type(exc).__name__}: {exc}"
+                log.debug("collector=%s\n%s", collector.name, traceback.format_exc())
+
+        worker.submit(job)
+        if worker.done.wait(timeout):
+            self._finish(collector, result.get("families"), time.monotonic() - started,
+                         result.get("error"), ctx, errlog)
+            return True
+        self._finish(collector, None, time.monotonic() - started,
+                     f"timed out after {timeout:g}s (the read is still blocked)", ctx, errlog)
+        while not worker.done.wait(1.0):
+            if self._stop.is_set():
+                return False
+            self._expire(collector.name)
+        return True
 
     def run_once(self, collector: Collector) -> None:
         """Run one collector synchronously (used by one-shot tools such as diagnose)."""
@@ -226,7 +237,19 @@ class Sampler:
 
     def _finish(self, collector: Collector, families: list[Metric] | None, duration: float,
                 error: str | None, ctx: Context, errlog: ErrorLog | None) -> None:
-        fragments = render(families) if families is not None else None
+        fragments = None
+        if families is not None:
+            try:
+                families = checked(families, ctx.error)
+                fragments = render(families)
+            except Exception as exc:  # the run is lost, not the driver thread
+                log.debug("collector=%s render\n%s", collector.name, traceback.format_exc())
+                error = f"rendering failed: {type(exc).__name__}: {exc}"
+        if fragments is not None and ctx.watched == 0:
+            wrong_roots = collector.env.root_problems(collector.roots)
+            if wrong_roots:  # not "this node has none": the daemon looks in the wrong place
+                fragments = None
+                error = f"nothing to watch: {ctx.watched_what}; " + "; ".join(wrong_roots)
         with self._lock:
             state = self.states[collector.name]
             previous_status = state.status

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context
-from llmmon.metrics import Families, MetricSpec
+from llmmon.metrics import Families, MetricSpec, check_count
 from llmmon.options import Option
 from llmmon.sources.fs import SourceError
 
@@ -86,6 +86,7 @@ class DiskCollector(Collector):
         Option("device_exclude", "regex", DEFAULT_EXCLUDE,
                "Devices to skip: partitions, loop, ram and floppy devices by default."),
     )
+    roots = ("procfs",)
     interval = 5.0
     timeout = 3.0
 
@@ -121,6 +122,12 @@ class DiskCollector(Collector):
                 values = [int(v) for v in parts[3:]]
             except ValueError:
                 ctx.error(f"diskstats:{device}", f"{device}: non-numeric value in {line[:120]!r}")
+                continue
+            try:  # every diskstats field is an unsigned kernel counter or gauge
+                for value in values:
+                    check_count(value)
+            except ValueError as exc:
+                ctx.error(f"diskstats:{device}", f"{device}: a value {exc} in {line[:120]!r}")
                 continue
             if device in seen:
                 ctx.error(f"diskstats:{device}", f"{device}: listed twice; kept the first")

@@ -300,18 +300,20 @@ class GpuCollector(Collector):
              NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, PEAK_FLOPS, XID_ERRORS, XID_LAST,
              XID_WATCHED, PROCESS_INFO, PROCESS_MEMORY)
     options = (
-        Option("power_sample_rate", "positive_float", 20.0,
+        Option("power_sample_rate", "float", 20.0,
                "Instant power reads per second of every GPU (one thread for all GPUs).",
-               metavar="HZ"),
-        Option("power_busy_fraction", "positive_float", 0.5,
+               metavar="HZ", minimum=1.0, maximum=200.0),
+        Option("power_busy_fraction", "float", 0.5,
                "Busy level for dip detection, as a fraction of the enforced power limit.",
-               metavar="FRACTION"),
-        Option("power_low_fraction", "positive_float", 0.3,
+               metavar="FRACTION", minimum=0.01, maximum=1.0),
+        Option("power_low_fraction", "float", 0.3,
                "Low level: a dip is a fall below it after reaching the busy level; time "
-               "below it is llmmon_gpu_power_low_seconds_total.", metavar="FRACTION"),
+               "below it is llmmon_gpu_power_low_seconds_total.", metavar="FRACTION",
+               minimum=0.01, maximum=1.0),
         Option("slow_interval", "duration", "15s",
                "How often the calls that block for milliseconds run (energy, ECC, row "
-               "remapping, PCIe and NVLink counters, throttle time)."),
+               "remapping, PCIe and NVLink counters, throttle time).",
+               minimum="1s", maximum="24h"),
         Option("processes", "bool", True,
                "Export compute processes with their pod UID and container ID."),
     )

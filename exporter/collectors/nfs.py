@@ -76,6 +76,7 @@ class NfsCollector(Collector):
         Option("mountpoint_exclude", "regex", "", "Mount points to skip."),
     )
     enabled_by_default = False
+    roots = ("procfs",)
     interval = 15.0
     timeout = 5.0
 

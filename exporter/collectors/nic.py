@@ -143,6 +143,7 @@ class NicCollector(Collector):
                "Driver statistics without a dedicated metric to export as "
                "llmmon_nic_driver_stat{stat} (empty: none). mlx5 has ~700 per interface."),
     )
+    roots = ("sysfs",)
     interval = 5.0
     timeout = 3.0
 

@@ -135,28 +135,33 @@ class RanksCollector(Collector):
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
                flag="--spool.dir", metavar="DIR"),
         Option("stale_after", "duration", "30s",
-               "A rank whose file is older than this is reported down (llmmon_rank_up 0)."),
+               "A rank whose file is older than this is reported down (llmmon_rank_up 0).",
+               minimum="1s", maximum="24h"),
         Option("drop_after", "duration", "10m",
-               "A rank silent this long is dropped and its spool files deleted."),
+               "A rank silent this long is dropped and its spool files deleted.",
+               minimum="1s", maximum="720h"),
         Option("stall_after", "duration", "60s",
                "No progress for this long while ranks wait marks a group stalled in "
-               "/api/v1/ranks and `llmmon diagnose --ranks`."),
+               "/api/v1/ranks and `llmmon diagnose --ranks`.", minimum="1s", maximum="24h"),
         Option("auto_dump", "bool", True,
                "Request a Flight Recorder dump from a job once a group stalls for dump_after."),
         Option("dump_after", "duration", "3m",
                "Stall time before the automatic dump; keep it under the NCCL watchdog (10 min) "
-               "and heartbeat monitor (8 min) timeouts."),
+               "and heartbeat monitor (8 min) timeouts.", minimum="1s", maximum="24h"),
         Option("fr_dir", "str", DEFAULT_FR_DIR,
                "Where Flight Recorder dumps land (dump file prefix FR_DIR/JOB/rank_).",
                metavar="FR_DIR"),
         Option("pipe_dir", "str", DEFAULT_PIPE_DIR,
                "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe).", metavar="PIPE_DIR"),
-        Option("dumps_keep", "int", 8, "Dump sets kept for post-mortems (newest first)."),
+        Option("dumps_keep", "int", 8, "Dump sets kept for post-mortems (newest first).",
+               minimum=1, maximum=1000),
         Option("max_file_bytes", "int", 16 << 20,
                "Larger spool files are refused (18.5k NCCL entries make ~10 MB).",
-               metavar="BYTES"),
-        Option("max_files", "int", 512, "Spool files read per run at most."),
-        Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound)."),
+               metavar="BYTES", minimum=4096, maximum=1 << 30),
+        Option("max_files", "int", 512, "Spool files read per run at most.",
+               minimum=1, maximum=100_000),
+        Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound).",
+               minimum=1, maximum=10_000),
     )
     interval = 5.0
     timeout = 4.0
@@ -211,6 +216,8 @@ class RanksCollector(Collector):
         for problem in result.problems:
             ctx.error(problem.key, problem.message)
             self._rejected[problem.reason] += 1
+        for problem in result.persisting:
+            ctx.persists(problem.key, problem.message)
         self._sanitised.update(result.sanitised)
         evidence = hang.evidence(self.ledger, now, self.config["stale_after"],
                                        self.config["stall_after"])
@@ -238,6 +245,9 @@ class RanksCollector(Collector):
                 log.warning("%s; requested a Flight Recorder dump: %s", group["summary"], results)
         live = {job["job_id"] for job in evidence["jobs"]}
         self._dumped = {key for key in self._dumped if key[0] in live}
+        with self._lock:  # a job's dump counter goes with its ranks, as its other series do
+            for job_id in self._dumps_requested.keys() - live:
+                del self._dumps_requested[job_id]
         try:
             self._kept = self.keeper.harvest(now)
         except OSError as exc:

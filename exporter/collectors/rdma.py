@@ -187,6 +187,7 @@ class RdmaCollector(Collector):
                "hw_counters files without a dedicated metric to export as "
                "llmmon_rdma_hw_counter_total{counter} (empty: none, '.*': all)."),
     )
+    roots = ("sysfs",)
     interval = 5.0
     timeout = 3.0
 

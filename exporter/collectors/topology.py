@@ -78,6 +78,7 @@ class TopologyCollector(Collector):
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
     )
+    roots = ("sysfs",)
     interval = 60.0
     timeout = 5.0
 

@@ -13,12 +13,12 @@ import time
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from llmmon.diagnose.branches import TREE
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import evaluate
 from llmmon.diagnose.window import LocalView, Window
+from llmmon.jsonresponse import SafeJSONResponse as JSONResponse
 from llmmon.sampler import Sampler
 
 log = logging.getLogger("llmmon.diagnose")

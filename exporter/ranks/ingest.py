@@ -30,6 +30,7 @@ class Problem:
 @dataclass
 class IngestResult:
     problems: list[Problem] = field(default_factory=list)
+    persisting: list[Problem] = field(default_factory=list)  # reported before, still there
     sanitised: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
 
@@ -39,6 +40,7 @@ class _Parsed(Generic[T]):
     stamp: Stamp
     value: T | None
     error: SpoolError | SchemaError | None
+    dropped: str = ""  # what the parser left out of this version, for the error log
 
 
 class SpoolIngest:
@@ -134,12 +136,13 @@ class SpoolIngest:
                 cached = _Parsed(stamp, parser(data, notes), None)
             except (SpoolError, SchemaError) as exc:
                 cached = _Parsed(spool_file.stamp, None, exc)
+            if notes.dropped and cached.error is None:
+                cached.dropped = (f"{spool_file.path}: dropped {notes.dropped} item(s), "
+                                  f"first: {notes.first_drop}")
             cache[spool_file.path] = cached
             result.sanitised.update(notes.sanitised)
-            if notes.dropped:
-                self._problem(result, "bad_entry", spool_file.path,
-                              f"{spool_file.path}: dropped {notes.dropped} item(s), first: "
-                              f"{notes.first_drop}", cached.stamp)
+        if cached.dropped:
+            self._problem(result, "bad_entry", spool_file.path, cached.dropped, cached.stamp)
         if cached.error is not None:
             message = str(cached.error)
             if isinstance(cached.error, SchemaError):
@@ -149,8 +152,10 @@ class SpoolIngest:
 
     def _problem(self, result: IngestResult, reason: str, key: str, message: str,
                  stamp: Stamp | None) -> None:
-        """Report a problem once per file version (and again if it changes)."""
+        """Report a problem once per file version (and again if it changes); while the same
+        version stays, it is listed as persisting."""
         if self._reported.get(key) == (reason, stamp):
+            result.persisting.append(Problem(reason, key, message))
             return
         self._reported[key] = (reason, stamp)
         result.problems.append(Problem(reason, key, message))

@@ -86,7 +86,9 @@ class NodeSim:
         self.pressure = proc_files.Pressure()
         self.spool = SpoolWriter(str(self.paths.spool), layout.name, entries_interval)
         sysfs_files.build(self.sysfs, layout)
-        for directory in (self.paths.spool, root / "fr", root / "frpipe"):
+        # procfs's self/ (the simulated proc has no processes of its own to point it at)
+        for directory in (self.paths.spool, root / "fr", root / "frpipe",
+                          self.paths.procfs / "self"):
             directory.mkdir(parents=True, exist_ok=True)
 
     @property

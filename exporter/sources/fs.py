@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 
 MAX_BYTES = 1 << 20
+# What every Linux sysfs and procfs holds (a trailing / marks a directory): a root without
+# them is a wrong --path.* (a typo, an unmounted volume), not a node with nothing to watch.
+SKELETONS = {"sysfs": ("class/", "devices/"), "procfs": ("diskstats", "self/")}
 
 
 class SourceError(Exception):
@@ -24,6 +27,15 @@ class RootedFS:
 
     def exists(self, *parts: str) -> bool:
         return os.path.exists(self.path(*parts))
+
+    def not_a_root(self, kind: str) -> str:
+        """Why this is not a `kind` (sysfs, procfs) root, or '' when it looks like one."""
+        if not os.path.isdir(self.root):
+            return "does not exist" if not os.path.exists(self.root) else "is not a directory"
+        missing = [entry for entry in SKELETONS[kind]
+                   if not (os.path.isdir(self.path(entry)) if entry.endswith("/")
+                           else os.path.exists(self.path(entry)))]
+        return f"has no {', '.join(missing)}" if missing else ""
 
     def listdir(self, *parts: str) -> list[str]:
         """Sorted entries of a directory; a missing directory is empty."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from llmmon.metrics import check_count
 from llmmon.sources.fs import RootedFS, SourceError
 
 CLASS = "class/infiniband"
@@ -46,9 +47,13 @@ def parse_counter(text: str) -> int | None:
     if text.startswith("N/A"):
         return None
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ValueError(f"not a counter: {text[:40]!r}") from None
+    try:
+        return check_count(value)
+    except ValueError as exc:
+        raise ValueError(f"{text[:40]!r}...: {exc}") from None
 
 
 def port_netdev(sysfs: RootedFS, device: str, port: str) -> str:

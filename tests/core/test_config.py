@@ -118,7 +118,7 @@ def _help(command: str) -> dict[str, tuple[str, str]]:
 
 # How --help spells each type's default: one spelling per type, the one the flag accepts.
 DEFAULT_SHAPES = {"duration": r"\d+(ms|s|m|h)", "bool": r"on|off", "int": r"\d+",
-                  "positive_float": r"\d+(\.\d+)?", "list": r"[^ ,]+(,[^ ,]+)*"}
+                  "float": r"\d+(\.\d+)?", "list": r"[^ ,]+(,[^ ,]+)*"}
 
 
 def test_help_names_each_value_and_spells_defaults_one_way() -> None:
