@@ -17,20 +17,13 @@ from prometheus_client.core import (
     Metric,
 )
 
+from llmmon.counters import COUNTER_MAX
 from llmmon.textsafe import printable
 
 KINDS = ("gauge", "counter", "histogram", "info")
 # The widest counter a kernel or a device keeps is 64-bit; anything beyond is not a count.
-COUNTER_MAX = 2 ** 64
 # Samples that are counts (never negative, at most COUNTER_MAX), by their name's suffix.
 _COUNT_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count")}
-
-
-def check_count(value: int) -> int:
-    """`value` if it can be a counter's reading, else ValueError naming the range."""
-    if not 0 <= value <= COUNTER_MAX:
-        raise ValueError("outside a counter's range (0 to 2^64)")
-    return value
 
 
 @dataclass(frozen=True)

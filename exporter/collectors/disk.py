@@ -13,7 +13,8 @@ from typing import Callable, Iterable
 from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context
-from llmmon.metrics import Families, MetricSpec, check_count
+from llmmon.counters import check_count
+from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.sources.fs import SourceError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from llmmon.metrics import check_count
+from llmmon.counters import check_count
 from llmmon.sources.fs import RootedFS, SourceError
 
 CLASS = "class/infiniband"

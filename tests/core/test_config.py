@@ -131,20 +131,21 @@ def test_help_names_each_value_and_spells_defaults_one_way() -> None:
             assert metavar == "", flag
         else:
             assert metavar not in ("", "VALUE") and metavar == option.placeholder, flag
-        default = re.search(r"\(default: (.*)\)$", text)
+        default = re.search(r"\(default: ([^;]*?)(?:; (.+ to .+))?\)$", text)
         assert default, f"{flag}: no default in {text!r}"
         shape = DEFAULT_SHAPES.get("bool" if option.key == "enabled" else option.type)
         if shape:
             assert re.fullmatch(shape, default.group(1)), (flag, default.group(1))
+        assert (default.group(2) or "") == option.range, (flag, text)
     assert "VALUE" not in str(entries)
     # The spellings people see, and type back into a flag.
     assert entries["--collector.disk.interval"] == (
-        "DURATION", "How often the disk collector runs. (default: 5s)")
-    assert entries["--sampler.max-staleness"][1].endswith("(default: 1m)")
+        "DURATION", "How often the disk collector runs. (default: 5s; 100ms to 24h)")
+    assert entries["--sampler.max-staleness"][1].endswith("(default: 1m; 1s to 24h)")
     assert entries["--collector.gpu.processes"][0] == "BOOL"
     assert entries["--collector.gpu.processes"][1].endswith("(default: on)")
     assert entries["--collector.nic.all-interfaces"][1].endswith("(default: off)")
-    assert entries["--collector.gpu.power-sample-rate"][1].endswith("(default: 20)")
+    assert entries["--collector.gpu.power-sample-rate"][1].endswith("(default: 20; 1.0 to 200.0)")
     assert entries["--web.listen-address"][0] == "ADDRESS"
     assert entries["--fake-nvml"][1].endswith('(default: "")')
 
@@ -157,7 +158,7 @@ def test_help_defaults_are_accepted_back() -> None:
     entries = _help("serve")
     argv = []
     for flag, (metavar, text) in entries.items():
-        default = re.search(r"\(default: (.*)\)$", text)
+        default = re.search(r"\(default: ([^;]*?)(?:; (.+ to .+))?\)$", text)
         if metavar and default:
             value = default.group(1)
             argv.append(f"{flag}={'' if value == EMPTY else value}")
