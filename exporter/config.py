@@ -24,6 +24,18 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("web.config_file", "str", "",
            "Exporter-toolkit web config (TLS, client certificates, basic auth); "
            "empty serves plain HTTP. See docs/security.md.", flag="--web.config.file"),
+    Option("web.max_connections", "positive_int", 256,
+           "Most connections open at once, TLS handshakes included; at the limit the "
+           "connection idle longest is closed for a new one. Lowered at start to keep 128 "
+           "file descriptors below the open-file limit for the collectors."),
+    Option("web.read_timeout", "duration", "10s",
+           "Time a client has to send a whole request, headers and body, from its first byte "
+           "(from the accept, TLS handshake included, for a connection's first request)."),
+    Option("web.idle_timeout", "duration", "60s",
+           "How long an idle keep-alive connection is kept open between requests."),
+    Option("web.shutdown_grace", "duration", "5s",
+           "On SIGTERM or SIGINT, how long requests in progress may take before their "
+           "connections are closed and the daemon exits."),
     Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
            "in a container, or a fixture tree)."),
     Option("path.procfs", "str", "/proc", "procfs mount point."),

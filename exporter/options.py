@@ -62,9 +62,17 @@ def _positive_float(value: Any) -> float:
     return number
 
 
+def _positive_int(value: Any) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError(f"must be a positive whole number: {value!r}")
+    return number
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "str": str,
     "int": int,
+    "positive_int": _positive_int,
     "float": float,
     "positive_float": _positive_float,
     "bool": parse_bool,
