@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 
@@ -56,7 +57,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         sock = httpserver.bind(host, port, config.backlog)
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
+        log.error("cannot listen on %s:%d: %s", host, port,
+                  os.strerror(exc.errno) if exc.errno else exc)
         return 1
     if limits.max_connections < settings["web.max_connections"]:
         log.warning("--web.max-connections lowered from %d to %d: the open-file limit is %d "

@@ -218,10 +218,12 @@ class Listener:
             self._closed.clear()
             self._summary_at = now
 
-    def abort_all(self) -> None:
-        for connection in list(self._open):
+    def abort_all(self) -> int:
+        left = list(self._open)
+        for connection in left:
             self.forget(connection)
             connection.close()
+        return len(left)
 
     # asyncio.Server's part that uvicorn's shutdown uses
     def close(self) -> None:
@@ -256,4 +258,7 @@ class Server(uvicorn.Server):
         log.info("shutting down: no new connections; %d open, requests in progress get up "
                  "to %gs", self.listener.open_connections, self.config.timeout_graceful_shutdown)
         await super().shutdown(sockets)
-        self.listener.abort_all()
+        left = self.listener.abort_all()
+        if left:
+            log.warning("closed %d connection(s) still open after the %gs grace", left,
+                        self.config.timeout_graceful_shutdown)
