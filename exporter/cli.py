@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 
@@ -19,7 +20,7 @@ SWITCH_INTERVAL = 0.0005
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from llmmon import logs
+    from llmmon import httpserver, logs
     from llmmon.daemon import build, split_listen_address
 
     classes = discover()
@@ -31,28 +32,47 @@ def _serve(args: argparse.Namespace) -> int:
             settings = replay_settings(args.replay, settings)
         logs.setup(settings["log.level"], settings["log.format"])
         host, port = split_listen_address(settings["web.listen_address"])
-        daemon = build(settings)
-        app = daemon.app
         web = None
         if settings["web.config_file"]:
             from llmmon.webconfig import WebConfig
 
             web = WebConfig.load(settings["web.config_file"])
-            app = web.protect(app)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                access_log=False, lifespan="off")
-        if web is not None:
-            config = web.configure(config)
+        daemon = build(settings)
     except (ConfigError, ValueError) as exc:
         print(f"llmmon serve: {exc}", file=sys.stderr)
         return 2
+    app = web.protect(daemon.app) if web is not None else daemon.app
+    fd_before, fd_limit = httpserver.raise_fd_limit()
+    limits = httpserver.Limits(
+        max_connections=httpserver.connection_cap(settings["web.max_connections"], fd_limit),
+        read_timeout=settings["web.read_timeout"], idle_timeout=settings["web.idle_timeout"],
+        shutdown_grace=settings["web.shutdown_grace"])
+    # log_config=None: uvicorn's own lines go through llmmon's handler and format.
+    config = uvicorn.Config(app, host=host, port=port, http="h11", log_level="warning",
+                            log_config=None, access_log=False, lifespan="off",
+                            timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=limits.shutdown_grace)  # type: ignore
+    if web is not None:
+        config = web.configure(config)
+    try:
+        sock = httpserver.bind(host, port, config.backlog)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port,
+                  os.strerror(exc.errno) if exc.errno else exc)
+        return 1
+    if limits.max_connections < settings["web.max_connections"]:
+        log.warning("--web.max-connections lowered from %d to %d: the open-file limit is %d "
+                    "and %d descriptors are kept for collectors", settings["web.max_connections"],
+                    limits.max_connections, fd_limit, httpserver.FD_RESERVE)
+    log.info("listening on %s:%d (%s), metrics at %s; up to %d connections, open-file limit "
+             "%d (was %d)", host, sock.getsockname()[1], "https" if web and web.serves_tls else "http",
+             settings["web.telemetry_path"], limits.max_connections, fd_limit, fd_before)
     # Scrapes wait for the GIL while collector threads parse; hand it over every 0.5 ms instead
     # of Python's 5 ms so the event loop answers promptly (soak probe: p99 15.5 -> 9.5 ms).
     sys.setswitchinterval(SWITCH_INTERVAL)
     daemon.sampler.start()
     daemon.diagnoser.start()
-    log.info("listening on %s:%d, metrics at %s", host, port, settings["web.telemetry_path"])
-    server = uvicorn.Server(config)
+    server = httpserver.Server(config, httpserver.Listener(sock, limits))
     try:
         server.run()
     finally:

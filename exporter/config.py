@@ -26,6 +26,21 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "Exporter-toolkit web config (TLS, client certificates, basic auth); "
            "empty serves plain HTTP. See docs/security.md.", flag="--web.config.file",
            metavar="FILE"),
+    Option("web.max_connections", "int", 256,
+           "Most connections open at once, TLS handshakes included; at the limit the "
+           "connection idle longest is closed for a new one. Lowered at start to keep 128 "
+           "file descriptors below the open-file limit for the collectors.",
+           minimum=1, maximum=65536),
+    Option("web.read_timeout", "duration", "10s",
+           "Time a client has to send a whole request, headers and body, from its first byte "
+           "(from the accept, TLS handshake included, for a connection's first request).",
+           minimum="100ms", maximum="1h"),
+    Option("web.idle_timeout", "duration", "60s",
+           "How long an idle keep-alive connection is kept open between requests.",
+           minimum="1s", maximum="24h"),
+    Option("web.shutdown_grace", "duration", "5s",
+           "On SIGTERM or SIGINT, how long requests in progress may take before their "
+           "connections are closed and the daemon exits.", minimum="100ms", maximum="10m"),
     Option("path.sysfs", "str", "/sys", "sysfs mount point (a host's /sys mounted elsewhere "
            "in a container, or a fixture tree).", metavar="DIR"),
     Option("path.procfs", "str", "/proc", "procfs mount point.", metavar="DIR"),

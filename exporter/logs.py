@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 
 from llmmon.textsafe import printable
@@ -41,6 +42,37 @@ class JsonFormatter(logging.Formatter):
                            "logger": record.name, "msg": _message(self, record)})
 
 
+# Libraries that log a line per connection or request, which a client can repeat at will.
+NOISY_LOGGERS = ("asyncio", "uvicorn.error")
+RATE_LIMIT_PERIOD = 10.0
+
+
+class RateLimit(logging.Filter):
+    """At most one record per message and period; the next one says how many were dropped."""
+
+    def __init__(self, period: float = RATE_LIMIT_PERIOD) -> None:
+        super().__init__()
+        self.period = period
+        self._seen: dict[str, tuple[float, int]] = {}  # message -> (last emitted, dropped since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:200]
+        now = time.monotonic()
+        with self._lock:
+            last, dropped = self._seen.get(key, (float("-inf"), 0))
+            if now - last < self.period:
+                self._seen[key] = (last, dropped + 1)
+                return False
+            if len(self._seen) > 256:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} more like it in {self.period:g}s)"
+            record.args = None
+        return True
+
+
 def setup(level: str, fmt: str) -> None:
     if level.lower() not in LEVELS:
         raise ValueError(f"log level {level!r}: use one of debug, info, warning, error")
@@ -51,3 +83,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(LEVELS[level.lower()])
+    for name in NOISY_LOGGERS:
+        noisy = logging.getLogger(name)
+        noisy.filters[:] = [RateLimit()]

@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import ssl
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
@@ -85,7 +84,18 @@ BCRYPT_HASH = re.compile(r"^\$2[aby]\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$"
 # bcrypt of "fakepassword" (exporter-toolkit's): unknown users cost as much as known ones, so
 # response times do not tell which user names exist.
 DECOY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
-AUTH_CACHE_SIZE = 100
+# Only credentials that matched are remembered, so failed attempts cannot push the scraper's
+# out; a handful of users rotating passwords fits.
+AUTH_CACHE_SIZE = 64
+# bcrypt reads 72 bytes of a password and bcrypt 5 refuses longer ones: such a password has no
+# hash it matches here.
+MAX_PASSWORD_BYTES = 72
+# bcrypt costs tens of milliseconds by design. Credentials not seen to match before are checked
+# this many at a time, off the event loop, with at most PENDING_CHECKS waiting; beyond that a
+# request is refused with 503 unchecked: a wrong-password flood costs one core at most and never
+# queues in front of a scraper whose credentials already matched.
+CONCURRENT_CHECKS = max(1, (os.cpu_count() or 2) // 2)
+PENDING_CHECKS = 16
 
 
 @dataclass(frozen=True)
@@ -310,8 +320,13 @@ class WebConfig:
         self._serving_tls = settings.tls
         self._context: ssl.SSLContext | None = None
         self._signature = self._watch_signature()
-        self._cache: OrderedDict[str, bool] = OrderedDict()
-        self._bcrypt_lock = threading.Lock()
+        self._matched: OrderedDict[str, None] = OrderedDict()
+        self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
+        self._waiting = 0
+
+    @property
+    def serves_tls(self) -> bool:
+        return self._serving_tls is not None
 
     @classmethod
     def load(cls, path: str) -> WebConfig:
@@ -386,37 +401,61 @@ class WebConfig:
             settings = self.current()
             if settings.headers:
                 send = _with_headers(send, settings.headers)
-            if (settings.users and scope["path"] not in OPEN_PATHS
-                    and not await self._authorized(scope, settings.users)):
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"www-authenticate", b"Basic"),
-                                        (b"content-type", b"text/plain; charset=utf-8")]})
-                await send({"type": "http.response.body", "body": b"Unauthorized\n"})
+            status = 200
+            if settings.users and scope["path"] not in OPEN_PATHS:
+                status = await self._authorize(scope, settings.users)
+            if status == 200:
+                await app(scope, receive, send)
                 return
-            await app(scope, receive, send)
+            headers = [(b"content-type", b"text/plain; charset=utf-8")]
+            if status == 401:
+                headers.append((b"www-authenticate", b"Basic"))
+            else:
+                headers.append((b"retry-after", b"1"))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body",
+                        "body": b"Unauthorized\n" if status == 401 else b"Busy\n"})
 
         return guarded
 
-    async def _authorized(self, scope: dict, users: dict[str, bytes]) -> bool:
+    async def _authorize(self, scope: dict, users: dict[str, bytes]) -> int:
+        """200, 401, or 503 when too many unverified credentials already wait for bcrypt."""
         credentials = _basic_credentials(scope)
         if credentials is None:
-            return False
+            return 401
         user, password = credentials
         hashed = users.get(user)
+        if len(password) > MAX_PASSWORD_BYTES:
+            return 401
         key = hashlib.sha256(b"\0".join((user.encode(), hashed or DECOY_HASH, password)))
-        cached = self._cache.get(key.hexdigest())
-        if cached is None:
-            # bcrypt costs tens of milliseconds by design: off the event loop, one at a time.
-            matches = await asyncio.to_thread(self._check, password, hashed or DECOY_HASH)
-            cached = matches and hashed is not None
-            self._cache[key.hexdigest()] = cached
-            while len(self._cache) > AUTH_CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return cached
+        digest = key.hexdigest()
+        if hashed is not None and digest in self._matched:
+            self._matched.move_to_end(digest)
+            return 200
+        if self._waiting >= PENDING_CHECKS:
+            return 503
+        self._waiting += 1
+        try:
+            async with self._checks:
+                matches = await asyncio.to_thread(_checkpw, password, hashed or DECOY_HASH)
+        finally:
+            self._waiting -= 1
+        if not matches or hashed is None:
+            return 401
+        if digest not in self._matched:
+            log.info("basic auth: user %s authenticated; remembered until the config changes",
+                     user)
+        self._matched[digest] = None
+        while len(self._matched) > AUTH_CACHE_SIZE:
+            self._matched.popitem(last=False)
+        return 200
 
-    def _check(self, password: bytes, hashed: bytes) -> bool:
-        with self._bcrypt_lock:
-            return bcrypt.checkpw(password, hashed)
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:  # a NUL byte, or what a future bcrypt refuses: no match, no traceback
+        return False
 
 
 def _policy(tls: TLSSettings) -> tuple[Any, ...]:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import requests
@@ -83,7 +83,7 @@ def compare_golden(name: str, actual: str) -> None:
 class Server:
     """A real `llmmon serve` process on 127.0.0.1, stopped by PID at the end."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, **popen: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -91,7 +91,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llmmon", "serve",
              f"--web.listen-address=127.0.0.1:{self.port}", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, **popen)
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -131,11 +131,12 @@ class Server:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator:
-    """Start `llmmon serve ARGS...` and wait until it answers; stopped after the test."""
+    """Start `llmmon serve ARGS...` (keywords go to Popen) and wait until it answers; stopped
+    after the test."""
     servers: list[Server] = []
 
-    def start(*args: str) -> Server:
-        server = Server(list(args), tmp_path / f"serve-{len(servers)}.log")
+    def start(*args: str, **popen: Any) -> Server:
+        server = Server(list(args), tmp_path / f"serve-{len(servers)}.log", **popen)
         servers.append(server)
         server.wait_ready()
         return server

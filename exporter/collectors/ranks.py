@@ -194,6 +194,9 @@ class RanksCollector(Collector):
         job_id = query.get("job_id", "")
         with self._lock:
             jobs = {job["job_id"]: job for job in self._evidence["jobs"]}
+        if not job_id:
+            raise ValueError("job_id is required: POST /api/v1/ranks/dump?job_id=<job>; "
+                             f"jobs here: {sorted(jobs)}")
         if job_id not in jobs:
             raise ValueError(f"unknown job_id {job_id!r}; known here: {sorted(jobs)}")
         ranks = [r["rank"] for r in jobs[job_id]["ranks"]]

@@ -49,12 +49,16 @@ class Branch(Protocol):
     def run(self, args: argparse.Namespace) -> list[Finding]: ...
 
 
-def fetch_json(url: str, timeout: float = 5.0) -> Any:
+def fetch_json(base_url: str, path: str, timeout: float = 5.0) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(base_url + path, timeout=timeout) as response:
             return json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise EvidenceError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    except urllib.error.HTTPError as exc:  # a daemon answered, with an error
+        raise EvidenceError(f"{base_url}{path}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise EvidenceError(tree.no_daemon(base_url, exc)) from None
+    except ValueError as exc:
+        raise EvidenceError(f"{base_url}{path}: not JSON: {exc}") from None
 
 
 class RanksBranch:
@@ -86,7 +90,7 @@ class RanksBranch:
             now = time.time()
             SpoolIngest(source, ledger, args.stale_after, float("inf")).run(now)
             return hang.evidence(ledger, now, args.stale_after, args.stall_after)
-        return fetch_json(f"{args.url.rstrip('/')}/api/v1/ranks")
+        return fetch_json(args.url.rstrip("/"), "/api/v1/ranks")
 
     def run(self, args: argparse.Namespace) -> list[Finding]:
         evidence = self.evidence(args)

@@ -47,11 +47,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help=f"Only this branch of the tree: {spec.question}")
 
 
-def _get(url: str) -> requests.Response:
+def no_daemon(base_url: str, exc: BaseException) -> str:
+    """One line for a daemon that cannot be reached, with the socket's reason, not the
+    HTTP library's chain of wrappers."""
+    todo, seen = [exc], set()
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, TimeoutError):
+            return f"no llmmon daemon answers at {base_url} (timed out)"
+        if isinstance(error, OSError) and error.strerror:
+            return f"no llmmon daemon answers at {base_url} ({error.strerror.lower()})"
+        todo.extend(e for e in (getattr(error, "reason", None), error.__cause__,
+                                error.__context__, *error.args) if isinstance(e, BaseException))
+    return f"no llmmon daemon answers at {base_url}"
+
+
+def _get(base_url: str, path: str) -> requests.Response:
     try:
-        return requests.get(url, timeout=10)
+        return requests.get(base_url + path, timeout=10)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise SourceError(no_daemon(base_url, exc)) from None
     except requests.RequestException as exc:
-        raise SourceError(f"{url}: {exc}") from None
+        raise SourceError(f"{base_url}{path}: {exc}") from None
 
 
 def _scrape(url: str, interval: float, thresholds: Thresholds) -> LocalView:
@@ -59,7 +79,7 @@ def _scrape(url: str, interval: float, thresholds: Thresholds) -> LocalView:
     for number in range(2):
         if number:
             time.sleep(interval)
-        response = _get(f"{url}/metrics")
+        response = _get(url, "/metrics")
         if response.status_code != 200:
             raise SourceError(f"{url}/metrics: HTTP {response.status_code}")
         window.add(response.text)
@@ -78,7 +98,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         return evaluate(PrometheusView(args.prometheus), thresholds, branches).as_json()
     url = args.url.rstrip("/")
     if not args.scrape and not args.alerts_config:
-        response = _get(f"{url}{PATH}")
+        response = _get(url, PATH)
         if response.status_code == 200:
             whole = response.json()
             keep = {s.id for s in branches}

@@ -77,6 +77,15 @@ def test_hardening_settings():
     assert s["ExecStart"] == [f"{INSTALLED} serve --config.file=/etc/llmmon/llmmon.yml"]
 
 
+def test_open_file_limit_leaves_room_for_the_default_connection_cap():
+    from llmmon.config import GLOBAL_OPTIONS
+    from llmmon.httpserver import FD_RESERVE, connection_cap
+
+    limit = int(service_settings(unit())["LimitNOFILE"][0])
+    default = next(o.default for o in GLOBAL_OPTIONS if o.key == "web.max_connections")
+    assert connection_cap(default, limit) == default and limit - default > FD_RESERVE
+
+
 def test_offline_security_review_rates_it_ok(tmp_path):
     path = tmp_path / "llmmon.service"
     path.write_text(unit())

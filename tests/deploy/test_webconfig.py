@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bcrypt
@@ -226,6 +227,92 @@ def test_user_list_reloaded(tmp_path, web_serve):
     assert httpx.get(url, auth=("grafana", PASSWORD), timeout=5).status_code == 200
     path.write_text("basic_auth_users: [broken")  # a bad edit keeps the last good config
     assert httpx.get(url, auth=("grafana", PASSWORD), timeout=5).status_code == 200
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_tls_connections_neither_exhaust_the_daemon_nor_shut_out_the_scraper(
+        tmp_path, certs, web_serve):
+    """asyncio gives every accepted TLS socket a 256 KiB buffer before a byte is read: 720
+    idle ones took the daemon past its 256 MiB limit. Connections that never start a handshake
+    and ones idle after it count against --web.max-connections; past it the one idle longest
+    is closed, and a scrape over TLS with basic auth still gets /metrics."""
+    exporter = web_serve(write(tmp_path, {"tls_server_config": tls(certs),
+                                          "basic_auth_users": {"prometheus": HASH}}),
+                         flags=("--web.max-connections=40",))
+    auth = ("prometheus", PASSWORD)
+    with client(certs) as c:
+        assert c.get(exporter.https + "/metrics", auth=auth).status_code == 200
+    before = open_fds(exporter.process.pid)
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    address = ("127.0.0.1", exporter.port)
+    idle = [context.wrap_socket(socket.create_connection(address, timeout=30),
+                                server_hostname="127.0.0.1") for _ in range(20)]
+    bare = [socket.create_connection(address, timeout=30) for _ in range(150)]
+    try:
+        with client(certs) as c:
+            for _ in range(3):
+                scrape = c.get(exporter.https + "/metrics", auth=auth)
+                assert scrape.status_code == 200 and "llmmon_exporter_collector_success" in \
+                    scrape.text
+        assert open_fds(exporter.process.pid) <= before + 40
+    finally:
+        for sock in idle + bare:
+            sock.close()
+
+
+def test_a_password_longer_than_bcrypt_reads_is_refused_without_a_traceback(tmp_path,
+                                                                              web_serve):
+    exporter = web_serve(write(tmp_path, {"basic_auth_users": {"prometheus": HASH}}))
+    url = exporter.http + "/metrics"
+    for password in ("x" * 100, PASSWORD + "x" * 72):  # bcrypt 5 raises on these
+        assert httpx.get(url, auth=("prometheus", password), timeout=30).status_code == 401
+    assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=30).status_code == 200
+    log = (tmp_path / f"llmmon-{exporter.port}.log").read_text()
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+
+
+def test_failed_logins_never_evict_the_scraper_whose_password_matched(tmp_path, web_serve):
+    """Only credentials that matched are remembered: 150 distinct wrong passwords (more than
+    the old 100-entry cache of every attempt) leave the scraper's entry in place, so its
+    scrapes need no new bcrypt check."""
+    exporter = web_serve(write(tmp_path, {"basic_auth_users": {"prometheus": HASH}}))
+    url = exporter.http + "/metrics"
+    with httpx.Client(timeout=30) as c:
+        assert c.get(url, auth=("prometheus", PASSWORD)).status_code == 200
+        for n in range(150):
+            assert c.get(url, auth=("prometheus", f"wrong-{n}")).status_code == 401
+        for _ in range(3):
+            assert c.get(url, auth=("prometheus", PASSWORD)).status_code == 200
+    log = (tmp_path / f"llmmon-{exporter.port}.log").read_text()
+    assert log.count("user prometheus authenticated") == 1, log
+
+
+def test_a_wrong_password_flood_is_shed_and_never_delays_the_matched_scraper(tmp_path,
+                                                                              web_serve):
+    """48 clients with wrong passwords for a cost-12 hash: a few are checked at a time, those
+    beyond the waiting bound get 503 unchecked, and the scraper whose password already matched
+    gets /metrics while checks are still queued."""
+    slow = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=12)).decode()
+    exporter = web_serve(write(tmp_path, {"basic_auth_users": {"prometheus": slow}}))
+    url = exporter.http + "/metrics"
+    assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=60).status_code == 200
+    with ThreadPoolExecutor(48) as pool:
+        flood = [pool.submit(lambda n: httpx.get(url, auth=("prometheus", f"wrong-{n}"),
+                                                 timeout=120).status_code, n)
+                 for n in range(48)]
+        deadline = time.monotonic() + 60
+        while not any(f.done() and f.result() == 503 for f in flood):
+            assert time.monotonic() < deadline and not all(f.done() for f in flood), \
+                "no request was shed"
+            time.sleep(0.05)
+        assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=60).status_code == 200
+        still_checking = sum(not f.done() for f in flood)
+        statuses = [f.result() for f in flood]
+    assert still_checking > 0  # the scrape did not queue behind the flood's checks
+    assert set(statuses) == {401, 503}, statuses
 
 
 T = {"cert_file": "server.crt", "key_file": "server.key"}
