@@ -4,12 +4,16 @@ Each file version is parsed once (keyed by inode, mtime and size) and each probl
 once per version, so a bad file sitting in the spool is one error, not one per run.  A rank
 claimed by two fresh files keeps the newer one; files of ranks gone for `drop_after` are
 deleted (the spool is the daemon's tmpfs, it must not fill up with dead jobs).
+
+Parses are kept only as far as they are needed again: an entries file's only its stamp (its
+records are counted), a state file's without its in-flight dump (indexed once), so memory is
+what the ledger keeps, not what the files hold.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generic, TypeVar
 
 from llmmon.ranks.ledger import Ledger
@@ -31,6 +35,7 @@ class Problem:
 class IngestResult:
     problems: list[Problem] = field(default_factory=list)
     sanitised: Counter[str] = field(default_factory=Counter)
+    cut: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
 
 
@@ -67,13 +72,16 @@ class SpoolIngest:
         for spool_file, state in current:
             if not self.ledger.observe_state(state, spool_file.mtime, now):
                 self._problem(result, "too_many_ranks", spool_file.path,
-                              f"{spool_file.path}: more than {self.ledger.max_ranks} ranks; "
-                              "skipped", spool_file.stamp)
+                              f"{spool_file.path}: more than {self.ledger.max_ranks} ranks, "
+                              f"or {self.ledger.max_ranks_per_job} of job "
+                              f"{spool_file.job_dir}; skipped", spool_file.stamp)
                 continue
             entries_file = entries.get((spool_file.job_dir, spool_file.rank, spool_file.pid))
             if entries_file is not None:
                 self._ingest_entries(entries_file, result)
         result.dropped = len(self.ledger.expire(now, self.drop_after))
+        result.cut.update(self.ledger.cut)
+        self.ledger.cut.clear()
         self._sweep(scan.files, scan.temporaries, now)
         live = {f.path for f in scan.files} | {r.path for r in scan.rejected}
         for cache in (self._states, self._entries, self._reported):
@@ -90,6 +98,8 @@ class SpoolIngest:
             state = self._parse(self._states, spool_file, parse_state, result)
             if state is None:
                 continue
+            if state.inflight is not None:  # a new version: the ledger indexes it this run
+                self._states[spool_file.path].value = replace(state, inflight=None)
             who = state.identity
             if (who.job_id, who.rank, who.pid) != (spool_file.job_dir, spool_file.rank,
                                                   spool_file.pid):
@@ -117,6 +127,7 @@ class SpoolIngest:
                               lambda data, notes: parse_entries(data, notes, known), result)
         if entries is None:
             return
+        self._entries[spool_file.path].value = None  # counted below; only the stamp matters
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
                                                           spool_file.pid):
             self._problem(result, "identity_mismatch", spool_file.path,
@@ -136,6 +147,7 @@ class SpoolIngest:
                 cached = _Parsed(spool_file.stamp, None, exc)
             cache[spool_file.path] = cached
             result.sanitised.update(notes.sanitised)
+            result.cut.update(notes.cut)
             if notes.dropped:
                 self._problem(result, "bad_entry", spool_file.path,
                               f"{spool_file.path}: dropped {notes.dropped} item(s), first: "
