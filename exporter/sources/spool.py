@@ -101,7 +101,7 @@ class SpoolSource:
                 continue
             budget -= len(entries)
             files = [f for entry, st in entries if (f := self._admit(job.name, entry, st, scan))]
-            files.sort(key=lambda f: f.stamp[1], reverse=True)
+            files.sort(key=lambda f: (f.stamp[1], f.path), reverse=True)
             if len(files) > self.max_files_per_job:
                 scan.rejected.append(SpoolError(
                     "too_many", job.path, f"{len(files)} rank files; read the "
