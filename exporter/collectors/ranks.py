@@ -124,7 +124,8 @@ CUT = MetricSpec(
     "llmmon_nccl_spool_cut_total", "counter",
     "Items of spool files left out to bound the daemon's memory, by reason: groups (over 64 a "
     "rank), rank_spans (a group listing over 64), inflight_entries (over 2,048 a state file), "
-    "series (samples over 64 counter series a rank).", ("reason",))
+    "series (samples over 64 counter series a rank), read_budget (a changed file left for the "
+    "next run: max_read_bytes).", ("reason",))
 
 
 class RanksCollector(Collector):
@@ -160,6 +161,9 @@ class RanksCollector(Collector):
                "made count or are deleted)."),
         Option("max_file_bytes", "int", 16 << 20,
                "Larger spool files are refused (18.5k NCCL entries make ~10 MB)."),
+        Option("max_read_bytes", "int", 32 << 20,
+               "Bytes of changed spool files parsed per run at most; the rest wait for the "
+               "next run (each job's newest files first)."),
         Option("max_files", "int", 512,
                "Spool files read per run at most, shared round-robin by the jobs."),
         Option("max_files_per_job", "int", 64,
@@ -176,7 +180,7 @@ class RanksCollector(Collector):
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
                                   config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
-                                  config["drop_after"])
+                                  config["drop_after"], config["max_read_bytes"])
         self.keeper = dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()

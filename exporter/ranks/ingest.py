@@ -5,6 +5,9 @@ once per version, so a bad file sitting in the spool is one error, not one per r
 claimed by two fresh files keeps the newer one; files of ranks gone for `drop_after` are
 deleted (the spool is the daemon's tmpfs, it must not fill up with dead jobs).
 
+Changed files are parsed in the scan's order (round-robin over jobs, each job's newest first)
+until `max_read_bytes` have been read in the run; the rest wait for the next run, so no spool,
+however large, makes a run outlast its timeout and starve the others.
 Parses are kept only as far as they are needed again: an entries file's only its stamp (its
 records are counted), a state file's without its in-flight dump (indexed once), so memory is
 what the ledger keeps, not what the files hold.
@@ -48,8 +51,10 @@ class _Parsed(Generic[T]):
 
 class SpoolIngest:
     def __init__(self, source: SpoolSource, ledger: Ledger, stale_after: float,
-                 drop_after: float) -> None:
+                 drop_after: float, max_read_bytes: int) -> None:
         self.source = source
+        self.max_read_bytes = max_read_bytes
+        self._budget = max_read_bytes
         self.ledger = ledger
         self.stale_after = stale_after
         self.drop_after = drop_after
@@ -59,6 +64,7 @@ class SpoolIngest:
 
     def run(self, now: float) -> IngestResult:
         result = IngestResult()
+        self._budget = self.max_read_bytes
         try:
             scan = self.source.scan()
         except SpoolError as exc:
@@ -94,10 +100,9 @@ class SpoolIngest:
                  result: IngestResult) -> list[tuple[SpoolFile, RankState]]:
         """The newest valid state per (job, rank); a second fresh claimant is a duplicate."""
         chosen: dict[tuple[str, int], tuple[SpoolFile, RankState]] = {}
-        for spool_file in sorted(files, key=lambda f: f.stamp[1], reverse=True):
-            state = self._parse(self._states, spool_file, parse_state, result)
-            if state is None:
-                continue
+        parsed = [(f, state) for f in files
+                  if (state := self._parse(self._states, f, parse_state, result)) is not None]
+        for spool_file, state in sorted(parsed, key=lambda p: p[0].stamp[1], reverse=True):
             if state.inflight is not None:  # a new version: the ledger indexes it this run
                 self._states[spool_file.path].value = replace(state, inflight=None)
             who = state.identity
@@ -139,6 +144,11 @@ class SpoolIngest:
                parser: Callable[[bytes, Notes], T], result: IngestResult) -> T | None:
         cached = cache.get(spool_file.path)
         if cached is None or cached.stamp != spool_file.stamp:
+            size = spool_file.stamp[2]
+            if size > self._budget and self._budget < self.max_read_bytes:
+                result.cut["read_budget"] += 1  # read in a later run
+                return None
+            self._budget -= size
             notes = Notes()
             try:
                 data, stamp = self.source.read(spool_file)

@@ -107,3 +107,20 @@ def test_a_group_of_400k_rank_spans_gets_a_short_ranks_label(tmp_path: Path) -> 
         (("reason", "rank_spans"),): 1}
     (group,) = collector.evidence()["jobs"][0]["groups"]
     assert group["ranks"] == info["ranks"]
+
+
+def test_a_spool_too_big_for_one_run_is_read_over_several_each_jobs_newest_first(
+        tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    hostile.inflight_flood(spool, files=6, count=MAX_INFLIGHT)  # ~0.5 MB a file
+    hostile.real_job(spool)
+    collector = make_collector(spool, tmp_path, max_read_bytes=str(1 << 20))
+    samples = scrape(collector)[0]
+    assert by_rank(samples, "llmmon_rank_up", job_id="real-job") == {0: 1, 1: 1, 2: 1, 3: 1}
+    first = by_rank(samples, "llmmon_rank_up", job_id="flood")
+    assert 0 < len(first) < 6
+    deferred = series(samples, "llmmon_nccl_spool_cut_total", reason="read_budget")
+    assert deferred == {(("reason", "read_budget"),): 6 - len(first)}
+    for _ in range(6):
+        samples = scrape(collector)[0]
+    assert by_rank(samples, "llmmon_rank_up", job_id="flood") == {r: 1 for r in range(6)}
