@@ -262,7 +262,8 @@ def _netlink(settings: Settings, dest: Path, problems: list[str]) -> None:
 
 def _spool(settings: Settings, dest: Path) -> None:
     config = settings.collectors["ranks"]
-    source = SpoolSource(config["spool_dir"], config["max_file_bytes"], config["max_files"])
+    source = SpoolSource(config["spool_dir"], config["max_file_bytes"], config["max_files"],
+                         config["max_files_per_job"])
     for spool_file in source.scan().files:
         target = dest / os.path.basename(spool_file.job_dir) / os.path.basename(spool_file.path)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -230,8 +230,8 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
     from llmmon.ranks.ledger import Ledger
     from llmmon.sources.spool import SpoolSource
 
-    ledger = Ledger(8)
-    SpoolIngest(SpoolSource(str(spool), 64 << 20, 64), ledger, 30, 600).run(now)
+    ledger = Ledger(8, 8)
+    SpoolIngest(SpoolSource(str(spool), 64 << 20, 64, 64), ledger, 30, 600, 1 << 30).run(now)
     track = ledger.tracks[(JOB, 0)]
     values = {}
     for key, value in track.state.memory.items():

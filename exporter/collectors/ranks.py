@@ -120,6 +120,12 @@ REJECTED = MetricSpec(
     "identity_mismatch, ...), once per file version.", ("reason",))
 SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
                        "Label values cut to a safe alphabet or length, by field.", ("field",))
+CUT = MetricSpec(
+    "llmmon_nccl_spool_cut_total", "counter",
+    "Items of spool files left out to bound the daemon's memory, by reason: groups (over 64 a "
+    "rank), rank_spans (a group listing over 64), inflight_entries (over 2,048 a state file), "
+    "series (samples over 64 counter series a rank), read_budget (a changed file left for the "
+    "next run: max_read_bytes).", ("reason",))
 
 
 class RanksCollector(Collector):
@@ -129,7 +135,7 @@ class RanksCollector(Collector):
     specs = (RANK_INFO, RANK_UP, REPORT_AGE, REPORTER_DISABLED, REPORTER_ERRORS, ALLOCATOR_INFO,
              *(spec for spec, _ in MEMORY), ENQUEUED, STARTED, COMPLETED, PROGRESS, INFLIGHT,
              LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
-             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED)
+             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED, CUT)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -153,14 +159,25 @@ class RanksCollector(Collector):
                metavar="FR_DIR"),
         Option("pipe_dir", "str", DEFAULT_PIPE_DIR,
                "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe).", metavar="PIPE_DIR"),
-        Option("dumps_keep", "int", 8, "Dump sets kept for post-mortems (newest first).",
-               minimum=1, maximum=1000),
+        Option("dumps_keep", "int", 8,
+               "Dump sets kept per job for post-mortems (newest first; only sets the daemon "
+               "made count or are deleted).", minimum=1, maximum=1000),
         Option("max_file_bytes", "int", 16 << 20,
                "Larger spool files are refused (18.5k NCCL entries make ~10 MB).",
                metavar="BYTES", minimum=4096, maximum=1 << 30),
-        Option("max_files", "int", 512, "Spool files read per run at most.",
+        Option("max_read_bytes", "int", 32 << 20,
+               "Bytes of changed spool files parsed per run at most; the rest wait for the "
+               "next run (each job's newest files first).", metavar="BYTES",
+               minimum=65536, maximum=1 << 32),
+        Option("max_files", "int", 512,
+               "Spool files read per run at most, shared round-robin by the jobs.",
+               minimum=1, maximum=100_000),
+        Option("max_files_per_job", "int", 64,
+               "Spool files read per run from one job directory at most (its newest).",
                minimum=1, maximum=100_000),
         Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound).",
+               minimum=1, maximum=10_000),
+        Option("max_ranks_per_job", "int", 32, "Ranks of one job followed at most.",
                minimum=1, maximum=10_000),
     )
     interval = 5.0
@@ -168,14 +185,15 @@ class RanksCollector(Collector):
 
     def __init__(self, env, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(env, config)
-        self.ledger = Ledger(config["max_ranks"])
+        self.ledger = Ledger(config["max_ranks"], config["max_ranks_per_job"])
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
-                                  config["max_files"])
+                                  config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
-                                  config["drop_after"])
+                                  config["drop_after"], config["max_read_bytes"])
         self.keeper = dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()
+        self._cut: Counter[str] = Counter()
         self._dumps_requested: Counter[str] = Counter()
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
@@ -222,6 +240,7 @@ class RanksCollector(Collector):
         for problem in result.persisting:
             ctx.persists(problem.key, problem.message)
         self._sanitised.update(result.sanitised)
+        self._cut.update(result.cut)
         evidence = hang.evidence(self.ledger, now, self.config["stale_after"],
                                        self.config["stall_after"])
         with self._lock:
@@ -276,6 +295,8 @@ class RanksCollector(Collector):
             families.add(REJECTED, [reason], count)
         for field, count in sorted(self._sanitised.items()):
             families.add(SANITISED, [field], count)
+        for reason, count in sorted(self._cut.items()):
+            families.add(CUT, [reason], count)
         return families
 
     @staticmethod
@@ -286,7 +307,7 @@ class RanksCollector(Collector):
                 if pg not in seen:
                     seen.add(pg)
                     families.add(PG_INFO, [job, pg, group.desc, str(group.size),
-                                           hang.join_spans(group.ranks)], 1)
+                                           hang.group_ranks(group)], 1)
 
     @staticmethod
     def _rank_families(families: Families, track: RankTrack, now: float,

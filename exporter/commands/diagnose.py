@@ -83,12 +83,12 @@ class RanksBranch:
 
     def evidence(self, args: argparse.Namespace) -> dict[str, Any]:
         if args.spool_dir:
-            source = SpoolSource(args.spool_dir, 16 << 20, 4096)
+            source = SpoolSource(args.spool_dir, 16 << 20, 4096, 4096)
             if not source.exists():
                 raise EvidenceError(f"spool directory {args.spool_dir} does not exist")
-            ledger = Ledger(max_ranks=4096)
+            ledger = Ledger(max_ranks=4096, max_ranks_per_job=4096)
             now = time.time()
-            SpoolIngest(source, ledger, args.stale_after, float("inf")).run(now)
+            SpoolIngest(source, ledger, args.stale_after, float("inf"), 1 << 40).run(now)
             return hang.evidence(ledger, now, args.stale_after, args.stall_after)
         return fetch_json(args.url.rstrip("/"), "/api/v1/ranks")
 

@@ -4,7 +4,11 @@
 and `<fr_dir>/<job>/rank_<r>` (the dump file prefix).  Writing a byte into the pipe makes
 ProcessGroupNCCL's monitor thread (or, for other backends, the reporter) write a dump there,
 even when the training thread is stuck.  Dumps that have stopped growing are moved into
-`<fr_dir>/<job>/dump-<UTC time>/` and only the newest `keep` of those sets are kept.
+`<fr_dir>/<job>/dump-<UTC time>/` and only the newest `keep` of those sets are kept, per job.
+
+Other users can write into these directories, so only sets the daemon made count or are ever
+deleted: a set is the daemon's when the directory and the `MARKER` file it wrote first in it
+belong to the daemon's user.  A directory merely named like a set is left alone.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from llmmon_reporter import layout
 
 DUMP_FILE = re.compile(r"^rank_\d{1,7}(\.json)?$")
 SET_PREFIX = "dump-"
+MARKER = ".llmmon-dump-set"  # written by the daemon into each set it makes
 
 
 def request(pipe_dir: str, job_id: str, ranks: list[int]) -> dict[int, str]:
@@ -51,24 +56,42 @@ class DumpKeeper:
         self.settle = settle
 
     def harvest(self, now: float) -> int:
-        """Move settled dumps into per-job sets, prune to `keep` sets; return the sets kept."""
+        """Move settled dumps into per-job sets, prune each job to `keep` of its sets; return
+        the sets kept on the node."""
+        kept = 0
         for job in self._dirs(self.fr_dir):
             batch = [entry for entry in os.scandir(job.path)
                      if DUMP_FILE.match(entry.name) and entry.is_file(follow_symlinks=False)
                      and now - entry.stat(follow_symlinks=False).st_mtime >= self.settle]
-            if not batch:
+            if batch:
+                target = self._new_set(job.path, now)
+                for entry in batch:
+                    os.replace(entry.path, os.path.join(target, entry.name))
+            sets = sorted((entry.name, entry.path) for entry in self._dirs(job.path)
+                          if entry.name.startswith(SET_PREFIX) and _ours(entry.path))
+            for _, path in sets[:max(0, len(sets) - self.keep)]:
+                shutil.rmtree(path, ignore_errors=True)
+            kept += min(len(sets), self.keep)
+        return kept
+
+    @staticmethod
+    def _new_set(job_dir: str, now: float) -> str:
+        """dump-<UTC second> (one of ours from this second is reused), else with a suffix."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        n = 0
+        while True:
+            path = os.path.join(job_dir, f"{SET_PREFIX}{stamp}" + (f".{n}" if n else ""))
+            try:
+                os.mkdir(path, 0o755)
+            except FileExistsError:
+                if _ours(path):
+                    return path
+                n += 1
                 continue
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-            target = os.path.join(job.path, f"{SET_PREFIX}{stamp}")
-            os.makedirs(target, exist_ok=True)
-            for entry in batch:
-                os.replace(entry.path, os.path.join(target, entry.name))
-        sets = sorted(((entry.name, entry.path) for job in self._dirs(self.fr_dir)
-                       for entry in self._dirs(job.path)
-                       if entry.name.startswith(SET_PREFIX)), reverse=True)
-        for _, path in sets[self.keep:]:
-            shutil.rmtree(path, ignore_errors=True)
-        return min(len(sets), self.keep)
+            fd = os.open(os.path.join(path, MARKER),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            os.close(fd)
+            return path
 
     @staticmethod
     def _dirs(path: str) -> list[os.DirEntry[str]]:
@@ -76,3 +99,15 @@ class DumpKeeper:
             return [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
         except OSError:
             return []
+
+
+def _ours(path: str) -> bool:
+    """A dump set this daemon made: the directory and its marker are files of our user."""
+    try:
+        marker = os.lstat(os.path.join(path, MARKER))
+        directory = os.lstat(path)
+    except OSError:
+        return False
+    uid = os.geteuid()
+    return stat.S_ISREG(marker.st_mode) and marker.st_uid == directory.st_uid == uid \
+        and stat.S_ISDIR(directory.st_mode)

@@ -11,12 +11,18 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from llmmon.ranks.ledger import Ledger, RankTrack
+from llmmon.ranks.schema import Group
 from llmmon_reporter.flight import ranges
 
 
 def join_spans(spans: Iterable[Sequence[int]], dash: str = "-") -> str:
     """[[0, 3], [7, 7]] -> '0-3,7' (ASCII, for label values and JSON)."""
     return ",".join(f"{a}" if a == b else f"{a}{dash}{b}" for a, b in spans)
+
+
+def group_ranks(group: Group) -> str:
+    """A group's ranks as a label value; ',...' when the spool listed more spans than kept."""
+    return join_spans(group.ranks) + (",..." if group.spans_cut else "")
 
 
 def spans_text(ranks: list[int]) -> str:
@@ -67,7 +73,7 @@ def _group_json(job: str, pg: str, members: list[RankTrack], now: float, stale_a
     group = {
         "job_id": job, "pg": pg, "pg_desc": meta.desc if meta else "",
         "size": meta.size if meta else None,
-        "ranks": join_spans(meta.ranks) if meta else "",
+        "ranks": group_ranks(meta) if meta else "",
         "local_ranks": sorted(progress),
         "enqueued": {str(r): p.enqueued for r, p in sorted(progress.items())},
         "completed": {str(r): p.completed for r, p in sorted(progress.items())},

@@ -4,12 +4,19 @@ Each file version is parsed once (keyed by inode, mtime and size) and each probl
 once per version, so a bad file sitting in the spool is one error, not one per run.  A rank
 claimed by two fresh files keeps the newer one; files of ranks gone for `drop_after` are
 deleted (the spool is the daemon's tmpfs, it must not fill up with dead jobs).
+
+Changed files are parsed in the scan's order (round-robin over jobs, each job's newest first)
+until `max_read_bytes` have been read in the run; the rest wait for the next run, so no spool,
+however large, makes a run outlast its timeout and starve the others.
+Parses are kept only as far as they are needed again: an entries file's only its stamp (its
+records are counted), a state file's without its in-flight dump (indexed once), so memory is
+what the ledger keeps, not what the files hold.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generic, TypeVar
 
 from llmmon.ranks.ledger import Ledger
@@ -32,6 +39,7 @@ class IngestResult:
     problems: list[Problem] = field(default_factory=list)
     persisting: list[Problem] = field(default_factory=list)  # reported before, still there
     sanitised: Counter[str] = field(default_factory=Counter)
+    cut: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
 
 
@@ -45,8 +53,10 @@ class _Parsed(Generic[T]):
 
 class SpoolIngest:
     def __init__(self, source: SpoolSource, ledger: Ledger, stale_after: float,
-                 drop_after: float) -> None:
+                 drop_after: float, max_read_bytes: int) -> None:
         self.source = source
+        self.max_read_bytes = max_read_bytes
+        self._budget = max_read_bytes
         self.ledger = ledger
         self.stale_after = stale_after
         self.drop_after = drop_after
@@ -56,6 +66,7 @@ class SpoolIngest:
 
     def run(self, now: float) -> IngestResult:
         result = IngestResult()
+        self._budget = self.max_read_bytes
         try:
             scan = self.source.scan()
         except SpoolError as exc:
@@ -69,13 +80,16 @@ class SpoolIngest:
         for spool_file, state in current:
             if not self.ledger.observe_state(state, spool_file.mtime, now):
                 self._problem(result, "too_many_ranks", spool_file.path,
-                              f"{spool_file.path}: more than {self.ledger.max_ranks} ranks; "
-                              "skipped", spool_file.stamp)
+                              f"{spool_file.path}: more than {self.ledger.max_ranks} ranks, "
+                              f"or {self.ledger.max_ranks_per_job} of job "
+                              f"{spool_file.job_dir}; skipped", spool_file.stamp)
                 continue
             entries_file = entries.get((spool_file.job_dir, spool_file.rank, spool_file.pid))
             if entries_file is not None:
                 self._ingest_entries(entries_file, result)
         result.dropped = len(self.ledger.expire(now, self.drop_after))
+        result.cut.update(self.ledger.cut)
+        self.ledger.cut.clear()
         self._sweep(scan.files, scan.temporaries, now)
         live = {f.path for f in scan.files} | {r.path for r in scan.rejected}
         for cache in (self._states, self._entries, self._reported):
@@ -88,10 +102,11 @@ class SpoolIngest:
                  result: IngestResult) -> list[tuple[SpoolFile, RankState]]:
         """The newest valid state per (job, rank); a second fresh claimant is a duplicate."""
         chosen: dict[tuple[str, int], tuple[SpoolFile, RankState]] = {}
-        for spool_file in sorted(files, key=lambda f: f.stamp[1], reverse=True):
-            state = self._parse(self._states, spool_file, parse_state, result)
-            if state is None:
-                continue
+        parsed = [(f, state) for f in files
+                  if (state := self._parse(self._states, f, parse_state, result)) is not None]
+        for spool_file, state in sorted(parsed, key=lambda p: p[0].stamp[1], reverse=True):
+            if state.inflight is not None:  # a new version: the ledger indexes it this run
+                self._states[spool_file.path].value = replace(state, inflight=None)
             who = state.identity
             if (who.job_id, who.rank, who.pid) != (spool_file.job_dir, spool_file.rank,
                                                   spool_file.pid):
@@ -119,6 +134,7 @@ class SpoolIngest:
                               lambda data, notes: parse_entries(data, notes, known), result)
         if entries is None:
             return
+        self._entries[spool_file.path].value = None  # counted below; only the stamp matters
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
                                                           spool_file.pid):
             self._problem(result, "identity_mismatch", spool_file.path,
@@ -130,6 +146,11 @@ class SpoolIngest:
                parser: Callable[[bytes, Notes], T], result: IngestResult) -> T | None:
         cached = cache.get(spool_file.path)
         if cached is None or cached.stamp != spool_file.stamp:
+            size = spool_file.stamp[2]
+            if size > self._budget and self._budget < self.max_read_bytes:
+                result.cut["read_budget"] += 1  # read in a later run
+                return None
+            self._budget -= size
             notes = Notes()
             try:
                 data, stamp = self.source.read(spool_file)
@@ -141,6 +162,7 @@ class SpoolIngest:
                                   f"first: {notes.first_drop}")
             cache[spool_file.path] = cached
             result.sanitised.update(notes.sanitised)
+            result.cut.update(notes.cut)
         if cached.dropped:
             self._problem(result, "bad_entry", spool_file.path, cached.dropped, cached.stamp)
         if cached.error is not None:

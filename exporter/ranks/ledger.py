@@ -4,11 +4,18 @@ Reporters ship snapshots; the ledger turns them into what Prometheus needs: coun
 grow (bytes and durations, each Flight Recorder record counted once per `record_id`), the time
 a group last made progress (noted here, when `last_completed` changes), the enqueue time of
 each recent sequence number (for in-flight ages and enqueue lag), and staleness.
+
+Whatever the files hold, what it keeps is bounded: `max_ranks` ranks, `max_ranks_per_job` of
+one job, per rank the groups of its current state (older group names are forgotten),
+`MAX_INDEXED_SEQS` enqueue times and `MAX_SERIES_KEYS` counter series; samples left out by the
+series budget are counted in `cut`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 from llmmon.ranks import collectives
@@ -17,7 +24,7 @@ from llmmon.ranks.schema import Collective, FrDump, Group, Progress, RankEntries
 # Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
-MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank and group
+MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank, shared by its groups
 
 RankKey = tuple[str, int]  # job_id, rank
 
@@ -80,20 +87,27 @@ class RankTrack:
 
     # updates ----------------------------------------------------------------------------
     def note_progress(self, now: float) -> None:
-        for pg, progress in self.state.progress.items():
+        """Note changed progress; forget groups the rank no longer reports."""
+        progress = self.state.progress
+        self.progress_noted = {pg: noted for pg, noted in self.progress_noted.items()
+                               if pg in progress}
+        self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
+        for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
-            if noted is None or noted[0] != progress.completed:
-                self.progress_noted[pg] = (progress.completed, now)
+            if noted is None or noted[0] != group.completed:
+                self.progress_noted[pg] = (group.completed, now)
 
     def index_dump(self, dump: FrDump) -> None:
+        """Enqueue times of the groups the rank reports, the newest of each in its share."""
+        progress = self.state.progress
         for entry in dump.entries:
-            if entry.is_p2p:
-                continue
-            seqs = self.index.setdefault(entry.pg, {})
-            seqs[entry.seq] = Enqueued(entry.created_ns, entry.coll)
+            if not entry.is_p2p and entry.pg in progress:
+                self.index.setdefault(entry.pg, {})[entry.seq] = Enqueued(entry.created_ns,
+                                                                          entry.coll)
+        share = MAX_INDEXED_SEQS // max(1, len(self.index))
         for seqs in self.index.values():
-            if len(seqs) > MAX_INDEXED_SEQS:
-                for seq in sorted(seqs)[: len(seqs) - MAX_INDEXED_SEQS]:
+            if len(seqs) > share:
+                for seq in sorted(seqs)[: len(seqs) - share]:
                     del seqs[seq]
 
     def count(self, dump: FrDump) -> None:
@@ -152,16 +166,20 @@ def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:
 
 
 class Ledger:
-    def __init__(self, max_ranks: int) -> None:
+    def __init__(self, max_ranks: int, max_ranks_per_job: int) -> None:
         self.max_ranks = max_ranks
+        self.max_ranks_per_job = max_ranks_per_job
         self.tracks: dict[RankKey, RankTrack] = {}
+        self.cut: Counter[str] = Counter()  # reason -> samples left out to bound memory
 
     def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
-        """Take a rank's newest state; False when the rank budget is spent."""
+        """Take a rank's newest state; False when the rank budget (all, or its job's) is
+        spent.  The in-flight dump is indexed, not kept."""
         key = (state.identity.job_id, state.identity.rank)
         track = self.tracks.get(key)
         if track is None or track.pid != state.identity.pid:
-            if track is None and len(self.tracks) >= self.max_ranks:
+            if track is None and (len(self.tracks) >= self.max_ranks or sum(
+                    job == key[0] for job, _ in self.tracks) >= self.max_ranks_per_job):
                 return False
             # A new process for this rank: its record ids and sequences start over, but the
             # daemon's own byte and duration counters carry on (they never go backwards).
@@ -171,7 +189,7 @@ class Ledger:
                 track.collective_bytes, track.bus_bytes = (previous.collective_bytes,
                                                            previous.bus_bytes)
                 track.durations = previous.durations
-        track.state, track.mtime = state, mtime
+        track.state, track.mtime = dataclasses.replace(state, inflight=None), mtime
         track.note_progress(now)
         if state.inflight is not None:
             track.index_dump(state.inflight)
@@ -188,7 +206,10 @@ class Ledger:
             return  # entries of a process whose state we do not follow
         track.dump_groups = entries.dump.groups or track.dump_groups
         track.index_dump(entries.dump)
+        overflow = track.overflow
         track.count(entries.dump)
+        if track.overflow > overflow:
+            self.cut["series"] += track.overflow - overflow
 
     def expire(self, now: float, drop_after: float) -> list[RankTrack]:
         """Forget ranks that have not reported for `drop_after` seconds; return them."""

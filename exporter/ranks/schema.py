@@ -4,6 +4,11 @@ Spool files are written by processes the daemon does not control.  A document wi
 shape is refused whole (`SchemaError`, with a reason label); a bad entry inside a good
 document is dropped alone; a string that becomes a label value is cut to a safe alphabet and
 length.  Every drop and every sanitised value is noted, so the collector can count them.
+
+What one document can make the daemon keep is bounded whatever it holds: process groups
+(`MAX_PGS`), rank spans a group's `ranks` label shows (`MAX_SPANS`), in-flight entries
+(`MAX_INFLIGHT`, the newest), and every label value's length (cut before it is even cached).
+Each cut is noted by reason (`Notes.cut`) and counted in llmmon_nccl_spool_cut_total.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from llmmon_reporter.layout import MEMORY_KEYS, SCHEMA, safe_job
 MAX_RANK = 1 << 20
 MAX_PGS = 64
 MAX_ENTRIES = 50_000
+MAX_INFLIGHT = 2048  # in-flight entries kept from a state file (the newest; the ring's default)
+MAX_SPANS = 64  # rank spans kept per group: the `ranks` label stays under ~1 kB
 MAX_TENSORS = 1024
 MAX_DIMS = 16
 MAX_BUCKETS = 64
@@ -54,6 +61,7 @@ class Notes:
 
     def __init__(self) -> None:
         self.sanitised: Counter[str] = Counter()
+        self.cut: Counter[str] = Counter()  # reason -> items left out to bound memory
         self.dropped = 0
         self.first_drop = ""
 
@@ -114,7 +122,7 @@ def _clean(field: str, text: str) -> str:
 def label(value: Any, field: str, notes: Notes) -> str:
     """A string made safe as the value of label `field` (counted when it had to change)."""
     text = _str(value, field)
-    cleaned = _clean(field, text)
+    cleaned = _clean(field, text[:LABEL_RULES[field][1] + 1])  # the cache holds short keys
     if cleaned != text:
         notes.sanitised[field] += 1
     return cleaned
@@ -152,6 +160,7 @@ class Group:
     desc: str
     size: int
     ranks: tuple[tuple[int, int], ...]  # inclusive spans; empty when unknown
+    spans_cut: bool = False  # more spans than MAX_SPANS: `ranks` holds the first ones
 
 
 @dataclass(frozen=True)
@@ -267,15 +276,23 @@ def _health(raw: Any) -> Health:
                   fr_api=text(doc.get("fr_api") or "", "fr_api"))
 
 
-def _spans(raw: Any) -> tuple[tuple[int, int], ...]:
+def _group(desc: str, size: int, spans: list[Any], notes: Notes) -> Group:
+    """A group whose rank spans are cut to MAX_SPANS (noted), however many it lists."""
+    cut = len(spans) > MAX_SPANS
+    if cut:
+        notes.cut["rank_spans"] += 1
+    return Group(desc, size, tuple((int(a), int(b)) for a, b in spans[:MAX_SPANS]), cut)
+
+
+def _spans(raw: Any) -> list[tuple[int, int]]:
     spans = []
-    for item in _list(raw, "ranks", MAX_RANK):
+    for item in _list(raw, "ranks", MAX_RANK)[:MAX_SPANS + 1]:
         pair = _list(item, "ranks span", 2)
         if len(pair) != 2:
             raise SchemaError("ranks: expected [first, last] spans")
         first, last = (_int(v, "rank", 0, MAX_RANK) for v in pair)
         spans.append((first, last))
-    return tuple(spans)
+    return spans
 
 
 def _groups(raw: Any, notes: Notes) -> dict[str, Group]:
@@ -283,12 +300,12 @@ def _groups(raw: Any, notes: Notes) -> dict[str, Group]:
     groups = {}
     for name, value in _obj(raw, "pgs").items():
         if len(groups) >= MAX_PGS:
-            notes.drop(f"more than {MAX_PGS} process groups")
+            notes.cut["groups"] += 1
             break
         doc = _obj(value, f"pgs.{name:.40}")
-        groups[label(name, "pg", notes)] = Group(label(doc.get("desc", ""), "pg_desc", notes),
-                                                 _int(doc.get("size"), "size", 1, MAX_RANK),
-                                                 _spans(doc.get("ranks", [])))
+        groups[label(name, "pg", notes)] = _group(label(doc.get("desc", ""), "pg_desc", notes),
+                                                  _int(doc.get("size"), "size", 1, MAX_RANK),
+                                                  _spans(doc.get("ranks", [])), notes)
     return groups
 
 
@@ -296,6 +313,9 @@ def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
     """Flight Recorder pg_config: {key: {name, desc, ranks: "[0, 1]"}} (gloo leaves it empty)."""
     groups = {}
     for value in _obj(raw or {}, "pg_config").values():
+        if len(groups) >= MAX_PGS:
+            notes.cut["groups"] += 1
+            break
         doc = _obj(value, "pg_config entry")
         name = label(doc.get("name", ""), "pg", notes)
         ranks_text = doc.get("ranks", "")
@@ -307,11 +327,8 @@ def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
             notes.drop(f"pg_config {name}: unreadable ranks {ranks_text[:40]!r}")
             continue
         if members:
-            spans = tuple((first, last) for first, last in ranges(members))
-            groups[name] = Group(label(doc.get("desc", ""), "pg_desc", notes), len(members),
-                                 spans)
-        if len(groups) >= MAX_PGS:
-            break
+            groups[name] = _group(label(doc.get("desc", ""), "pg_desc", notes), len(members),
+                                  ranges(members), notes)
     return groups
 
 
@@ -319,7 +336,7 @@ def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
     progress = {}
     for name, value in _obj(raw or {}, "pg_status").items():
         if len(progress) >= MAX_PGS:
-            notes.drop(f"more than {MAX_PGS} process groups")
+            notes.cut["groups"] += 1
             break
         doc = _obj(value, f"pg_status.{name:.40}")
         progress[label(name, "pg", notes)] = Progress(
@@ -353,7 +370,7 @@ def collective(raw: Any, notes: Notes) -> Collective:
         pg = str(_int(entry.get("pg_id"), "pg_id"))
     is_p2p = _bool(entry.get("is_p2p", False), "is_p2p")
     seq = _int(entry.get("p2p_seq_id" if is_p2p else "collective_seq_id"), "seq", -1)
-    coll = label(collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")),
+    coll = label(collectives.coll_name(_str(entry.get("profiling_name"), "profiling_name")[:200]),
                  "coll", notes)
     inputs = _tensors(entry.get("input_sizes", []), entry.get("input_dtypes", []), _INPUT)
     outputs = _tensors(entry.get("output_sizes", []), entry.get("output_dtypes", []), _OUTPUT)
@@ -370,11 +387,17 @@ def collective(raw: Any, notes: Notes) -> Collective:
         retired=_bool(entry.get("retired", False), "retired"))
 
 
-def fr_dump(raw: Any, notes: Notes, known: Container[int] = ()) -> FrDump:
-    """A dump; entries whose record_id is in `known` (counted before) are not parsed again."""
+def fr_dump(raw: Any, notes: Notes, known: Container[int] = (),
+            keep: int = MAX_ENTRIES) -> FrDump:
+    """A dump; entries whose record_id is in `known` (counted before) are not parsed again,
+    and only the newest `keep` entries are (the others are noted as cut)."""
     doc = _obj(raw, "dump")
     entries, ids = [], []
-    for item in _list(doc.get("entries", []), "entries", MAX_ENTRIES):
+    items = _list(doc.get("entries", []), "entries", MAX_ENTRIES)
+    if len(items) > keep:
+        notes.cut["inflight_entries"] += len(items) - keep
+        items = items[-keep:]
+    for item in items:
         record = item.get("record_id") if isinstance(item, dict) else None
         if isinstance(record, int) and not isinstance(record, bool) and record >= 0:
             ids.append(record)
@@ -430,7 +453,7 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         progress=_progress(status.get("pg_status"), notes),
         memory=_memory(doc.get("memory")),
         steps=_steps(doc.get("step")),
-        inflight=None if inflight is None else fr_dump(inflight, notes))
+        inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT))
 
 
 def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:

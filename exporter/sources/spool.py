@@ -4,10 +4,17 @@ Layout (see reporter/llmmon_reporter/layout.py): `<root>/<job>/rank_<rank>.<pid>
 second) and `rank_<rank>.<pid>.entries.json` (Flight Recorder entries, every ~20 s).  Anything
 else — symlinks, devices, odd names, oversized files, too many files — is rejected with a
 reason and never opened.
+
+The spool is written by other users, so what one job directory can cost is bounded: each run
+looks at the job directories newest first, at most `EXAMINED_PER_JOB` entries of each and
+`EXAMINED_PER_RUN` in all; a job keeps only its `max_files_per_job` newest rank files, and the
+run's `max_files` are shared round-robin, each job's newest first.  A directory full of junk
+costs its own budget and never starves another job.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -15,6 +22,8 @@ from dataclasses import dataclass, field
 from llmmon_reporter.layout import SPOOL_FILE
 
 Stamp = tuple[int, int, int]  # inode, mtime_ns, size: changes whenever a file is replaced
+EXAMINED_PER_RUN = 16384  # directory entries looked at per run, all job directories together
+EXAMINED_PER_JOB = 1024  # ... and per job directory (a few times any real job's files)
 
 
 class SpoolError(Exception):
@@ -52,50 +61,82 @@ def _stamp(st: os.stat_result) -> Stamp:
 
 
 class SpoolSource:
-    def __init__(self, root: str, max_file_bytes: int, max_files: int) -> None:
+    def __init__(self, root: str, max_file_bytes: int, max_files: int,
+                 max_files_per_job: int) -> None:
         self.root = os.path.abspath(root)
         self.max_file_bytes = max_file_bytes
         self.max_files = max_files
+        self.max_files_per_job = max_files_per_job
 
     def exists(self) -> bool:
         return os.path.isdir(self.root)
 
     def scan(self) -> Scan:
-        """Every acceptable file under the root, and why each other entry was skipped."""
+        """Every acceptable file under the root (within budget), and why others were skipped."""
         scan = Scan()
         try:
-            jobs = sorted(os.scandir(self.root), key=lambda e: e.name)
+            jobs = self._listing(self.root, EXAMINED_PER_RUN, scan)
         except FileNotFoundError:
             return scan
         except OSError as exc:
             raise SpoolError("unreadable", self.root, exc.strerror or str(exc)) from None
-        for job in jobs:
+        per_job, budget = [], EXAMINED_PER_RUN - len(jobs)
+        for job, st in sorted(jobs, key=lambda item: (-item[1].st_mtime_ns, item[0].name)):
             if job.name.startswith("."):
                 continue
-            if job.is_symlink() or not job.is_dir(follow_symlinks=False):
+            if not stat.S_ISDIR(st.st_mode):
                 scan.rejected.append(SpoolError(
-                    "symlink" if job.is_symlink() else "unexpected", job.path,
+                    "symlink" if stat.S_ISLNK(st.st_mode) else "unexpected", job.path,
                     "not a job directory; skipped"))
                 continue
+            if budget <= 0:
+                scan.rejected.append(SpoolError(
+                    "too_many", job.path, f"more than {EXAMINED_PER_RUN} spool entries; "
+                                          "job directory skipped this run"))
+                continue
             try:
-                names = sorted(os.scandir(job.path), key=lambda e: e.name)
+                entries = self._listing(job.path, min(EXAMINED_PER_JOB, budget), scan)
             except OSError as exc:
                 scan.rejected.append(SpoolError("unreadable", job.path, str(exc.strerror)))
                 continue
-            for entry in names:
-                if not self._admit(job.name, entry, scan):
-                    return scan
+            budget -= len(entries)
+            files = [f for entry, st in entries if (f := self._admit(job.name, entry, st, scan))]
+            files.sort(key=lambda f: (f.stamp[1], f.path), reverse=True)
+            if len(files) > self.max_files_per_job:
+                scan.rejected.append(SpoolError(
+                    "too_many", job.path, f"{len(files)} rank files; read the "
+                                          f"{self.max_files_per_job} newest"))
+            per_job.append(files[:self.max_files_per_job])
+        rounds = (f for turn in itertools.zip_longest(*per_job) for f in turn if f is not None)
+        scan.files = list(itertools.islice(rounds, self.max_files))
+        if next(rounds, None) is not None:
+            scan.rejected.append(SpoolError(
+                "too_many", self.root, f"more than {self.max_files} files; the newest of "
+                                       "each job read first, the rest skipped"))
         return scan
 
-    def _admit(self, job: str, entry: os.DirEntry[str], scan: Scan) -> bool:
-        """Add one directory entry to the scan; False once the file budget is spent."""
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            return True  # replaced or removed while we looked: next run sees it
+    @staticmethod
+    def _listing(path: str, limit: int, scan: Scan) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+        """At most `limit` entries of a directory (in directory order) with their lstat."""
+        listed = []
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if len(listed) >= limit:
+                    scan.rejected.append(SpoolError(
+                        "too_many", path, f"more than {limit} entries; the rest not looked at"))
+                    break
+                try:
+                    listed.append((entry, entry.stat(follow_symlinks=False)))
+                except OSError:
+                    pass  # replaced or removed while we looked: next run sees it
+        return listed
+
+    def _admit(self, job: str, entry: os.DirEntry[str], st: os.stat_result,
+               scan: Scan) -> SpoolFile | None:
+        """The rank file this directory entry is, or None (a temporary, or rejected)."""
         if entry.name.startswith("."):
             scan.temporaries.append((entry.path, st.st_mtime))
-            return True
+            return None
         match = SPOOL_FILE.match(entry.name)
         if stat.S_ISLNK(st.st_mode):
             scan.rejected.append(SpoolError("symlink", entry.path, "symlink; skipped"))
@@ -106,15 +147,11 @@ class SpoolSource:
         elif st.st_size > self.max_file_bytes:
             scan.rejected.append(SpoolError(
                 "too_large", entry.path, f"{st.st_size} bytes > {self.max_file_bytes}"))
-        elif len(scan.files) >= self.max_files:
-            scan.rejected.append(SpoolError(
-                "too_many", self.root, f"more than {self.max_files} files; rest skipped"))
-            return False
         else:
             kind = "state" if match.group(3) == "json" else "entries"
-            scan.files.append(SpoolFile(job, int(match.group(1)), int(match.group(2)), kind,
-                                        entry.path, _stamp(st)))
-        return True
+            return SpoolFile(job, int(match.group(1)), int(match.group(2)), kind, entry.path,
+                             _stamp(st))
+        return None
 
     def read(self, spool_file: SpoolFile) -> tuple[bytes, Stamp]:
         """The file's bytes (at most max_file_bytes), never through a symlink."""

@@ -22,7 +22,10 @@ class DumpPipe:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.mkfifo(path, 0o622)
         os.chmod(path, 0o622)  # the daemon may run as another user
-        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if not stat.S_ISFIFO(os.fstat(self._fd).st_mode):  # swapped since mkfifo
+            os.close(self._fd)
+            raise OSError(f"{path} is not the FIFO just made")
 
     def requested(self) -> bool:
         """True once per write into the pipe (several bytes at once count as one request)."""

@@ -258,7 +258,7 @@ class Reporter:
         if not os.path.isdir(self.spool):
             # The node daemon creates the spool; without it there is no one to report to.
             raise FileNotFoundError(f"spool directory {self.spool} does not exist")
-        os.makedirs(session.dir, exist_ok=True)
+        spoolfile.own_directory(session.dir)
         if force or now >= self._next_entries:
             self._write_entries(session)
             self._next_entries = now + self.cadence.entries

@@ -8,11 +8,11 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from llmmon.app import create_app
-from llmmon.ranks.dumps import DumpKeeper, request
+from llmmon.ranks.dumps import MARKER, request
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.layout import pipe_path
 from llmmon.sampler import Sampler
-from tests.ranks.jobs import make_collector, scrape
+from tests.ranks.jobs import make_collector, scrape, series
 from tests.ranks.test_nccl_dumps import staged
 
 
@@ -32,25 +32,69 @@ def test_a_request_reaches_a_listening_pipe_and_says_why_it_did_not_elsewhere(
         listening.close()
 
 
-def test_settled_dumps_are_kept_in_sets_and_only_the_newest_sets_stay(tmp_path: Path) -> None:
-    keeper = DumpKeeper(str(tmp_path), keep=2, settle=2.0)
+def dump_files(job: Path, written: float, *names: str) -> None:
+    job.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (job / name).write_text(name)
+        os.utime(job / name, (written, written))
+
+
+def kept_sets(fr: Path) -> list[str]:
+    return sorted(str(p.parent.relative_to(fr)) for p in fr.rglob("rank_0"))
+
+
+def test_settled_dumps_are_kept_in_sets_and_each_job_keeps_only_its_newest(
+        tmp_path: Path) -> None:
+    fr = tmp_path / "fr"
+    collector = make_collector(tmp_path / "spool", tmp_path, dumps_keep=2)
     now = 1_800_000_000.0
-    for offset, job in enumerate(("a", "b", "c")):
-        (tmp_path / job).mkdir()
-        for name in ("rank_0", "rank_1.json", "notes.txt"):
-            path = tmp_path / job / name
-            path.write_text(name)
-            os.utime(path, (now - 10, now - 10))
-        assert keeper.harvest(now + 60 * offset) == min(offset + 1, 2)
-    fresh = tmp_path / "c" / "rank_2"
+    dump_files(fr / "b", now - 10, "rank_0", "rank_1.json", "notes.txt")
+    for minute in range(3):  # job a dumps three times
+        dump_files(fr / "a", now + 60 * minute - 10, "rank_0", "rank_1.json")
+        samples = scrape(collector, now + 60 * minute)[0]
+    fresh = fr / "a" / "rank_2"
     fresh.write_text("still being written")
     os.utime(fresh, (now + 119.5, now + 119.5))
-    assert keeper.harvest(now + 120) == 2
-    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("rank_*"))
-    assert kept == ["b/dump-20270115T080100Z/rank_0", "b/dump-20270115T080100Z/rank_1.json",
-                    "c/dump-20270115T080200Z/rank_0", "c/dump-20270115T080200Z/rank_1.json",
-                    "c/rank_2"]
-    assert (tmp_path / "a" / "notes.txt").exists()  # not ours: left alone
+    samples = scrape(collector, now + 120)[0]
+
+    assert kept_sets(fr) == ["a/dump-20270115T080100Z", "a/dump-20270115T080200Z",
+                             "b/dump-20270115T080000Z"]
+    assert sorted(p.name for p in (fr / "a" / "dump-20270115T080200Z").iterdir()) == \
+        [MARKER, "rank_0", "rank_1.json"]
+    assert fresh.exists() and (fr / "b" / "notes.txt").exists()  # not settled; not ours
+    assert series(samples, "llmmon_nccl_dumps_kept") == {(): 3}
+
+
+def test_directories_named_like_dump_sets_never_cost_a_job_its_kept_sets(
+        tmp_path: Path) -> None:
+    """Another user's empty dump-9999999N directories, beside the real job's sets or under a
+    job of their own, neither count towards retention nor are deleted."""
+    fr = tmp_path / "fr"
+    collector = make_collector(tmp_path / "spool", tmp_path, dumps_keep=2)
+    now = 1_800_000_000.0
+    for n in range(8):
+        (fr / "other" / f"dump-9999999{n}").mkdir(parents=True)
+    (fr / "real" / "dump-99999999").mkdir(parents=True)
+    (fr / "real" / "dump-99999998").mkdir()
+    (fr / "real" / "dump-99999998" / MARKER).write_text("planted")
+    os.chown(fr / "real" / "dump-99999998", 4242, 4242)  # someone else's, marker and all
+    for minute in range(2):
+        dump_files(fr / "real", now + 60 * minute - 10, "rank_0", "rank_1.json")
+        scrape(collector, now + 60 * minute)
+    for later in range(1, 6):  # runs go by
+        samples = scrape(collector, now + 60 + later)[0]
+
+    assert kept_sets(fr) == ["real/dump-20270115T080000Z", "real/dump-20270115T080100Z"]
+    planted = sorted(str(p.relative_to(fr)) for p in fr.glob("*/dump-9*"))
+    assert planted == [f"other/dump-9999999{n}" for n in range(8)] + \
+        ["real/dump-99999998", "real/dump-99999999"]
+    assert series(samples, "llmmon_nccl_dumps_kept") == {(): 2}
+    # A planted directory at the very name of the next set is not used either.
+    (fr / "real" / "dump-20270115T080500Z").mkdir()
+    dump_files(fr / "real", now + 290, "rank_0")
+    scrape(collector, now + 300)
+    assert kept_sets(fr) == ["real/dump-20270115T080100Z", "real/dump-20270115T080500Z.1"]
+    assert not list((fr / "real" / "dump-20270115T080500Z").iterdir())
 
 
 def test_a_dump_is_requested_over_http_for_a_known_job_only(tmp_path: Path) -> None:

@@ -7,15 +7,19 @@ itself.  The read-only and full cases mount real tmpfs file systems (the tests r
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape
+from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, series, wait_for
 
-FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02"}  # backoff is capped at 30 intervals
+JOB = "failing-spool"
+FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02",  # backoff is capped at 30 intervals
+                 "LLMMON_JOB": JOB}
 
 
 def train(tmp: Path, spool: Path, reporter: str = "explicit", wait_disabled: int = 0) -> dict:
@@ -67,11 +71,23 @@ def full(tmp: Path, mount: Callable) -> Path:
     return mount(tmp / "spool", "size=8k")
 
 
+def taken_by_another_user(tmp: Path, mount: Callable) -> Path:
+    """Another user made the job directory first, writable by all, and planted FIFOs in it."""
+    job = tmp / "spool" / JOB
+    job.mkdir(parents=True)
+    for name in ("rank_0.json", ".rank_0.json.tmp", "rank_0.entries.json"):
+        os.mkfifo(job / name)
+    os.chown(job, 4242, 4242)
+    job.chmod(0o777)
+    return tmp / "spool"
+
+
 @pytest.mark.parametrize("make_spool, cause", [
     (missing, "does not exist"),
     (not_a_directory, "does not exist"),
     (read_only, "Read-only file system"),
     (full, "No space left on device"),
+    (taken_by_another_user, "belongs to uid 4242, not to this rank's uid"),
 ])
 def test_a_broken_spool_never_changes_training(tmp_path: Path, baseline: dict, mounts,
                                                make_spool: Callable, cause: str) -> None:
@@ -97,3 +113,36 @@ def test_without_a_daemon_the_reporter_just_writes_and_cleans_up_at_exit(tmp_pat
     assert result["health"]["errors_total"] == 0 and result["health"]["running"]
     # after a clean exit only the small state file is left (the daemon drops it later)
     assert [p.name for p in spool.rglob("rank_*")] == [f"rank_0.{result['pid']}.json"]
+
+
+def test_fifos_planted_at_the_temporary_file_names_never_block_the_reporter(
+        tmp_path: Path) -> None:
+    """FIFOs at the names a reporter used to write through (`.<name>.tmp`) and at the final
+    names: the reporter opens none of them and goes on writing."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB=JOB)
+    with Job(tmp_path, 1, ["--steps", "10", "--hold", "60"], env) as job:
+        state = wait_for(lambda: next((spool / JOB).glob("rank_0.*[0-9].json"), None), 60,
+                         "the first state file")
+        entries = state.with_name(state.name.replace(".json", ".entries.json"))
+        for name in (state.name, entries.name):
+            os.mkfifo(state.parent / f".{name}.tmp")
+        entries.unlink(missing_ok=True)
+        os.mkfifo(entries)  # the next entries write renames over it
+        ticks = json.loads(state.read_text())["reporter"]["ticks"]
+
+        def later() -> int | None:
+            try:
+                now = json.loads(state.read_text())["reporter"]["ticks"]
+            except ValueError:
+                return None
+            return now if now >= ticks + 20 else None
+
+        wait_for(later, 60, f"20 more reporter ticks after {ticks}")
+        wait_for(lambda: entries.is_file(), 60, "the entries file written over the FIFO")
+        health = job.result(0)["health"]
+        samples = scrape(make_collector(spool, tmp_path))[0]
+    assert health["running"] and health["errors_total"] == 0, health
+    assert by_rank(samples, "llmmon_rank_up") == {0: 1}
+    assert not series(samples, "llmmon_ranks_spool_rejected_total")  # the FIFOs are temporaries
