@@ -126,14 +126,11 @@ class SpoolIngest:
         return list(chosen.values())
 
     def _ingest_entries(self, spool_file: SpoolFile, result: IngestResult) -> None:
-        cached = self._entries.get(spool_file.path)
-        if cached is not None and cached.stamp == spool_file.stamp:
-            return  # already counted this version
         known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
         entries = self._parse(self._entries, spool_file,
                               lambda data, notes: parse_entries(data, notes, known), result)
         if entries is None:
-            return
+            return  # bad, or this version already counted (its problems listed as persisting)
         self._entries[spool_file.path].value = None  # counted below; only the stamp matters
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
                                                           spool_file.pid):
