@@ -28,8 +28,13 @@ REGEN = os.environ.get("LLMMON_REGEN_GOLDEN") == "1"
 def _source_path() -> Path:
     """A directory that imports this checkout's packages under their names (llmmon from
     exporter/, llmmon_reporter from reporter/), first on every path: the suite tests the tree it
-    runs from, also in a second worktree while the editable install points at another."""
+    runs from, also in a second worktree while the editable install points at another. Made
+    once per session and process tree: this module can be imported under two names."""
+    made = os.environ.get("LLMMON_TEST_SOURCE", "")
+    if made and (Path(made) / "llmmon").resolve() == (ROOT / "exporter").resolve():
+        return Path(made)
     where = Path(tempfile.mkdtemp(prefix="llmmon-source-"))
+    os.environ["LLMMON_TEST_SOURCE"] = str(where)
     (where / "llmmon").symlink_to(ROOT / "exporter", target_is_directory=True)
     (where / "llmmon_reporter").symlink_to(ROOT / "reporter" / "llmmon_reporter",
                                            target_is_directory=True)
@@ -38,9 +43,11 @@ def _source_path() -> Path:
 
 
 SOURCE = _source_path()
-sys.path.insert(0, str(SOURCE))
+if str(SOURCE) not in sys.path:
+    sys.path.insert(0, str(SOURCE))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(SOURCE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    [str(SOURCE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                     if p and p != str(SOURCE)])
 
 
 def pythonpath() -> str:
