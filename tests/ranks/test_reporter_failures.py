@@ -15,6 +15,8 @@ import pytest
 
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape
 
+pytestmark = pytest.mark.slow  # real multi-process torch jobs
+
 FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02"}  # backoff is capped at 30 intervals
 
 
