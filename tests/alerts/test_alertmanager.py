@@ -73,6 +73,7 @@ def _window() -> dict[str, str]:
     return {"startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
 
 
+@pytest.mark.slow  # a real Alertmanager
 def test_job_alerts_are_grouped_per_job_and_node_alerts_per_node(alertmanager: Alertmanager) -> None:
     hang = {"alertname": "LLMTrainingHang", "severity": "critical", "cluster": "c1", "job_id": "llama"}
     lost = {"alertname": "GPULost", "severity": "critical", "cluster": "c1"}
@@ -187,6 +188,7 @@ ACTIVE = {
 }
 
 
+@pytest.mark.slow  # a real Alertmanager
 def test_each_inhibition_mutes_exactly_its_targets(alertmanager: Alertmanager) -> None:
     every = {**SOURCES, **{name: labels for name, (labels, _) in MUTED.items()}, **ACTIVE}
     alertmanager.post([{"labels": labels, "annotations": {"summary": name}, **_window()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -97,11 +98,13 @@ def test_help_documents_every_flag() -> None:
     assert not missing
 
 
+@functools.cache
 def _help(command: str) -> dict[str, tuple[str, str]]:
     """`llmmon COMMAND --help` as run by a user: each flag's metavar (empty for a switch) and
-    its help text. A wide terminal keeps every help text on one line."""
+    its help text. A wide terminal keeps every help text on one line. Read once per command;
+    callers do not change it."""
     result = subprocess.run([sys.executable, "-m", "llmmon", command, "--help"],
-                            capture_output=True, text=True, timeout=30,
+                            capture_output=True, text=True, timeout=120,
                             env={**os.environ, "COLUMNS": "1000"})
     assert result.returncode == 0, result.stderr
     entries: dict[str, tuple[str, str]] = {}
@@ -172,6 +175,6 @@ def test_capture_takes_no_web_flags() -> None:
     assert {"--path.sysfs", "--fake-nvml", "--collector.gpu", "--spool.dir"} <= set(entries)
     result = subprocess.run([sys.executable, "-m", "llmmon", "capture",
                              "--web.listen-address=:9999"], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=120)
     assert result.returncode == 2 and "unrecognized arguments: --web.listen-address" \
         in result.stderr

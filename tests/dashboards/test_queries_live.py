@@ -33,6 +33,8 @@ from llmmon_reporter.spoolfile import write_atomic
 from llmmon_reporter.stepstats import StepStats
 from tests.conftest import FIXTURES, ROOT, Server, free_port
 
+pytestmark = pytest.mark.slow  # a real Prometheus over a simulated cluster
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 CLUSTER = "test"
 RANGES = {"__rate_interval": "10s", "__range": "1m"}

@@ -58,6 +58,12 @@ def container(path: Path) -> dict:
     return pod(path)["containers"][0]
 
 
+def test_missing_kubectl_fails_with_the_projects_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(AssertionError, match="kubectl is not installed: .* Kubernetes packages"):
+        kustomize(KUSTOMIZE)
+
+
 def test_every_kustomization_is_covered():
     found = {p.parent for p in KUSTOMIZE.rglob("kustomization.yaml")}
     assert found == set(KUSTOMIZATIONS)

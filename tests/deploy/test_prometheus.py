@@ -54,6 +54,7 @@ def _query(url: str, promql: str) -> list[dict]:
     return response.json()["data"]["result"]
 
 
+@pytest.mark.slow  # two real Prometheus servers, one remote-writing into the other
 def test_agent_remote_writes_into_a_second_prometheus(tmp_path: Path, web_serve):
     exporter = web_serve()
     receiver_port, agent_port = free_port(), free_port()

@@ -26,6 +26,8 @@ from tests.conftest import FIXTURES, Server
 from tests.diagnose.node import Node, check, touch_tree
 from tests.diagnose.prometheus import CLUSTER, Prometheus
 
+pytestmark = pytest.mark.slow  # a real Prometheus with the shipped rules
+
 GPUS = (0, 2, 3, 5)
 TARGET_LABELS = {"cluster", "node", "instance", "job"}
 OBJECT_LABELS = {"gpu", "rank", "device", "netdev", "pg", "job_id"}

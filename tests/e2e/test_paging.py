@@ -22,6 +22,8 @@ from llmmon.diagnose.branches import TREE
 from tests.e2e.cases import CASES, WARMUP_TICKETS, Case, Expect
 from tests.e2e.conftest import Alert, Stack, wait_for
 
+pytestmark = pytest.mark.slow  # a simulated cluster with real Prometheus and Alertmanager
+
 # From the stack being up: the hang needs 180 s without progress (the shipped window), plus
 # `for`, evaluation and delivery, on a 2-core machine busy with ten exporters.
 DEADLINE = 300.0

@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 
 from llmmon.commands.launch import environment
 from tests.conftest import ROOT
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, wait_for
+
+pytestmark = pytest.mark.slow  # real multi-process torch jobs
 
 JOB = "llama-hang"
 STEPS = 20  # rank 2 stops at step 10, after 2 x 10 all_reduces in group 0

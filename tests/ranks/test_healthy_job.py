@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, series, wait_for
+
+pytestmark = pytest.mark.slow  # real multi-process torch jobs
 
 STEPS = 30
 GRAD_ELEMENTS = 64 * 64 + 64  # Linear(64, 64) weight and bias, all-reduced in bf16

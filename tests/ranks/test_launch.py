@@ -15,6 +15,8 @@ from llmmon_reporter.identity import rendezvous_job
 from tests.conftest import ROOT, pythonpath
 from tests.ranks.jobs import FAST, TRAINER, base_env
 
+pytestmark = pytest.mark.slow  # real torchrun jobs under `llmmon launch`
+
 
 def env_for(**given: str) -> dict[str, str]:
     return environment(given, "job-1", "/spool", "/fr", "/pipe", 2000, timing=False,

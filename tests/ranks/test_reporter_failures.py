@@ -17,6 +17,8 @@ import pytest
 
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, series, wait_for
 
+pytestmark = pytest.mark.slow  # real multi-process torch jobs
+
 JOB = "failing-spool"
 FAST_FAILURES = {"LLMMON_STATUS_INTERVAL": "0.02",  # backoff is capped at 30 intervals
                  "LLMMON_JOB": JOB}

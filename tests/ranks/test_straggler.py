@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, wait_for
+
+pytestmark = pytest.mark.slow  # real multi-process torch jobs
 
 DELAY = 0.1
 

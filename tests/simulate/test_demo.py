@@ -14,7 +14,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # `llmmon demo`: Prometheus and Alertmanager until the page
 
 TIMEOUT = 240.0  # the page usually arrives in ~15 s; the bound is for a loaded CI machine
 
