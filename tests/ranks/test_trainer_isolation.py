@@ -24,6 +24,8 @@ import pytest
 from tests.conftest import ROOT, SOURCE
 from tests.ranks.jobs import FAST, base_env
 
+pytestmark = pytest.mark.slow  # real venvs, a wheel build and a torchrun job
+
 DAEMON_ONLY = ("llmmon", "fastapi", "uvicorn", "starlette", "requests", "yaml", "pyroute2",
                "prometheus_client", "bcrypt", "pynvml")
 
