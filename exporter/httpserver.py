@@ -139,12 +139,13 @@ class Connection(H11Protocol):
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    fd = sock.fileno()  # still the key to remove if the socket is closed while waiting
     ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
     try:
         await ready
     finally:
-        loop.remove_reader(sock.fileno())
+        loop.remove_reader(fd)
 
 
 class Listener:
