@@ -65,7 +65,8 @@ def _serve(args: argparse.Namespace) -> int:
                     "and %d descriptors are kept for collectors", settings["web.max_connections"],
                     limits.max_connections, fd_limit, httpserver.FD_RESERVE)
     log.info("listening on %s:%d (%s), metrics at %s; up to %d connections, open-file limit "
-             "%d (was %d)", host, sock.getsockname()[1], "https" if web and web.serves_tls else "http",
+             "%d (was %d)", host, sock.getsockname()[1],
+             "https" if web is not None and web.serves_tls else "http",
              settings["web.telemetry_path"], limits.max_connections, fd_limit, fd_before)
     # Scrapes wait for the GIL while collector threads parse; hand it over every 0.5 ms instead
     # of Python's 5 ms so the event loop answers promptly (soak probe: p99 15.5 -> 9.5 ms).

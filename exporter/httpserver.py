@@ -7,8 +7,10 @@ buffer before a byte is read: 1,100 bare connections ran the daemon out of file 
 
 - the socket is bound before anything else starts, so a port in use is one log line;
 - every accepted connection is counted from accept to close, TLS handshake included; at
-  `--web.max-connections` the connection that has been idle longest (no request in progress)
-  is closed to make room, so a scraper that connects during a flood still gets in;
+  `--web.max-connections` the connection idle longest (no request in progress), one that never
+  completed a request first, is closed to make room, so a scraper that connects during a flood
+  still gets in, and one on a keep-alive connection keeps it;
+- TLS starts (and asyncio allocates its buffer) only once a client sends its first byte;
 - a request, headers and body, must arrive within `--web.read-timeout` of its first byte (of
   the accept, TLS handshake included, for a connection's first request); an idle keep-alive
   connection is closed after `--web.idle-timeout` (uvicorn's own timer);
@@ -41,6 +43,7 @@ log = logging.getLogger("llmmon.http")
 FD_RESERVE = 128  # descriptors kept for collectors, NVML, netlink sockets and log files
 SUMMARY_PERIOD = 60.0  # seconds between two summaries of closed connections
 ACCEPT_RETRY = 0.1  # seconds to wait after a failed accept (out of descriptors or memory)
+ACCEPT_BATCH = 64  # connections accepted per wakeup; fewer than FD_RESERVE
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Connection(H11Protocol):
         self.owed_since: float | None = time.monotonic()  # the first request, from accept
         self.opening: asyncio.Task[None] | None = None  # until connection_made (TLS handshake)
         self.unowned: socket.socket | None = None  # accepted, not yet handed to a transport
+        self.served = False  # a response completed on it
 
     @property
     def busy(self) -> bool:
@@ -109,6 +113,7 @@ class Connection(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self.served = True
         self.listener.touch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -119,12 +124,28 @@ class Connection(H11Protocol):
         """Drop the connection now: no response is owed (idle, or the client is too slow)."""
         if self.transport is not None:
             self.transport.abort()
-            return
-        if self.unowned is not None:  # its task has not run yet: it never will
+        elif self.opening is not None:
+            self.opening.cancel()
+
+    def opened(self, _task: asyncio.Task[None]) -> None:
+        """The opening task ended: connected, or failed, closed or cancelled (maybe before it
+        ran at all); then the socket is closed here and the connection forgotten."""
+        self.opening = None
+        if self.unowned is not None:
             self.unowned.close()
             self.unowned = None
-        if self.opening is not None:
-            self.opening.cancel()  # a transport that is opening closes itself
+        if self.transport is None:
+            self.listener.forget(self)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    fd = sock.fileno()  # still the key to remove if the socket is closed while waiting
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 class Listener:
@@ -158,42 +179,58 @@ class Listener:
                       tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                sock, _ = await loop.sock_accept(self.sock)
-            except OSError as exc:  # EMFILE, ENOBUFS, ECONNABORTED ...: counted, not logged
-                self._closed[f"accept failed: {exc.strerror or exc}"] += 1
-                self._make_room()
-                await asyncio.sleep(ACCEPT_RETRY)
-                continue
-            if len(self._open) >= self.limits.max_connections and not self._make_room():
-                sock.close()
-                self._closed["refused: every connection has a request in progress"] += 1
-                continue
-            connection = make(self)
-            connection.unowned = sock
-            self._open[connection] = None
-            connection.opening = loop.create_task(self._open_connection(connection, tls))
+            await _readable(loop, self.sock)
+            # What is queued, as asyncio's own server does, but a bounded batch: the closes of
+            # connections dropped to make room run between batches, releasing descriptors.
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    sock, _ = self.sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:  # EMFILE, ENOBUFS, ECONNABORTED ...: counted, not logged
+                    self._closed[f"accept failed: {exc.strerror or exc}"] += 1
+                    self._make_room()
+                    await asyncio.sleep(ACCEPT_RETRY)
+                    break
+                sock.setblocking(False)
+                self._admit(make, sock, tls)
 
-    async def _open_connection(self, connection: Connection, tls: ssl.SSLContext | None) -> None:
-        sock, connection.unowned = connection.unowned, None
-        assert sock is not None
-        try:  # the transport made in this first step owns the socket and closes it
-            await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: connection, sock, ssl=tls)
+    def _admit(self, make: Callable[[Listener], Connection], sock: socket.socket,
+               tls: ssl.SSLContext | None) -> None:
+        if len(self._open) >= self.limits.max_connections and not self._make_room():
+            sock.close()
+            self._closed["refused: every connection has a request in progress"] += 1
+            return
+        connection = make(self)
+        connection.unowned = sock
+        self._open[connection] = None
+        connection.opening = asyncio.get_running_loop().create_task(
+            self._open_connection(connection, sock, tls))
+        connection.opening.add_done_callback(connection.opened)
+
+    @staticmethod
+    async def _open_connection(connection: Connection, sock: socket.socket,
+                               tls: ssl.SSLContext | None) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if tls is not None:  # asyncio's TLS buffer (256 KiB) only once the client speaks
+                await _readable(loop, sock)
+            connection.unowned = None  # the transport made now owns the socket, closes it
+            await loop.connect_accepted_socket(lambda: connection, sock, ssl=tls)
         except (asyncio.CancelledError, Exception):  # handshake failed, or closed by us
-            self.forget(connection)
-        finally:
-            connection.opening = None
+            pass  # Connection.opened cleans up
 
     def _make_room(self) -> bool:
-        """Close the connection idle longest; False when every one has a request in progress."""
-        for connection in self._open:
-            if not connection.busy:
-                self.forget(connection)
-                connection.close()
-                self._closed[f"closed at --web.max-connections={self.limits.max_connections}"] += 1
-                return True
-        return False
+        """Close the connection idle longest, one that never completed a request first (a
+        flood's); False when every connection has a request in progress."""
+        idle = [c for c in self._open if not c.busy]
+        victim = next((c for c in idle if not c.served), idle[0] if idle else None)
+        if victim is None:
+            return False
+        self.forget(victim)
+        victim.close()
+        self._closed[f"closed at --web.max-connections={self.limits.max_connections}"] += 1
+        return True
 
     async def _sweep(self) -> None:
         period = min(1.0, self.limits.read_timeout / 4)

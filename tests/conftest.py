@@ -100,7 +100,7 @@ class Server:
              f"--web.listen-address=127.0.0.1:{self.port}", *args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, **popen)
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
