@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import shutil
 import statistics
@@ -30,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import free_port, rss_mib, stop, wait_http
+from common import free_port, rss_mib, stop, wait_http, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -148,13 +147,12 @@ def main() -> int:
           f"{'body kB':>9}{'real job fresh':>16}{'dump sets':>11}")
     for r in results:
         print(f"{r['run']:<9}{r['rss_mib']['end']:>9.1f} / {r['rss_mib']['peak']:<6.1f}"
-              f"{r['open_fds_max']:>9}{r['scrape_ms']['p50']:>10.2f} / {r['scrape_ms']['p99']:<6.2f}"
+              f"{r['open_fds_max']:>9}{r['scrape_ms']['p50']:>10.2f} / "
+              f"{r['scrape_ms']['p99']:<6.2f}"
               f"{r['body_bytes_max'] / 1000:>9.1f}"
               f"{('yes' if r['real_job_fresh'] else 'no') + ' ' + r['real_job_fresh_scrapes']:>16}"
               f"{len(r['real_job_dump_sets']):>11}")
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "adversarial_spool.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_result("adversarial_spool", results)
     return 0 if all(r["real_job_fresh"] and len(r["real_job_dump_sets"]) == 2
                     for r in results) else 1
 
