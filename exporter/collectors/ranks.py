@@ -122,10 +122,10 @@ SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
                        "Label values cut to a safe alphabet or length, by field.", ("field",))
 CUT = MetricSpec(
     "llmmon_nccl_spool_cut_total", "counter",
-    "Items of spool files left out to bound the daemon's memory, by reason: groups (over 64 a "
-    "rank), rank_spans (a group listing over 64), inflight_entries (over 2,048 a state file), "
-    "series (samples over 64 counter series a rank), read_budget (a changed file left for the "
-    "next run: max_read_bytes).", ("reason",))
+    "Items of spool files left out to bound the daemon's memory, by reason: groups (beyond 64 a "
+    "document), rank_spans (groups listing over 64 spans), inflight_entries (beyond 2,048 a "
+    "state file), series (samples over 64 counter series a rank), read_budget (a changed "
+    "file left for the next run: max_read_bytes).", ("reason",))
 
 
 class RanksCollector(Collector):
