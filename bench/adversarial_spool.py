@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import free_port, rss_mib, stop, wait_http
+from common import free_port, rss_mib, stop, wait_http, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,15 +56,27 @@ def plant(spool: Path, fr: Path) -> None:
     hostile.fake_dump_sets(fr, 8)
 
 
-def real_job_state(text: str) -> tuple[bool, int]:
-    """Whether all the real job's ranks are up in a scrape, and the series count."""
-    up, count = {}, 0
+def scrape(conn: http.client.HTTPConnection) -> bytes:
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    body = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"scrape answered {response.status}")
+    return body
+
+
+def real_job_state(text: str) -> tuple[bool, bool, int]:
+    """Whether all the real job's ranks are up in a scrape, whether the collector's last run
+    succeeded, and the series count."""
+    up, count, success = {}, 0, False
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             count += 1
             if sample.name == "llmmon_rank_up" and sample.labels.get("job_id") == "real-job":
                 up[sample.labels["rank"]] = sample.value
-    return len(up) == REAL_RANKS and all(v == 1 for v in up.values()), count
+            elif sample.name == "llmmon_exporter_collector_success":
+                success = sample.value == 1
+    return len(up) == REAL_RANKS and all(v == 1 for v in up.values()), success, count
 
 
 def run(work: Path, hostile_run: bool, seconds: float) -> dict:
@@ -82,7 +94,7 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
          f"--collector.ranks.fr-dir={fr}", f"--collector.ranks.pipe-dir={work / 'pipe'}",
          "--collector.ranks.interval=1s", "--collector.ranks.stale-after=10s",
          "--log.level=warning"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    timings, fresh, sizes, fds, series = [], [], [], [], 0
+    timings, fresh, sizes, fds, series, failed = [], [], [], [], 0, 0
     try:
         wait_http(port, "/healthz", 60)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -102,17 +114,25 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
                 next_churn += 2.0
             if now >= next_scrape:
                 begun = time.perf_counter()
-                conn.request("GET", "/metrics")
-                response = conn.getresponse()
-                body = response.read()
+                try:
+                    body = scrape(conn)
+                except (http.client.RemoteDisconnected, ConnectionError):
+                    # idle past uvicorn's keep-alive (this process was busy writing): reconnect
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    begun = time.perf_counter()
+                    body = scrape(conn)
                 timings.append((time.perf_counter() - begun) * 1000)
                 sizes.append(len(body))
-                ok, series = real_job_state(body.decode())
+                ok, success, series = real_job_state(body.decode())
+                failed += not success
                 if now - started >= SETTLE:
                     fresh.append(ok)
                 fds.append(len(os.listdir(f"/proc/{proc.pid}/fd")))
                 next_scrape += 0.5
             time.sleep(max(min(next_write, next_scrape) - time.monotonic(), 0.01))
+        conn.request("GET", "/api/v1/collectors")
+        (ranks,) = json.loads(conn.getresponse().read())["collectors"]
         conn.close()
         rss, peak = rss_mib(proc.pid)
         kept = sorted(p.name for p in (fr / "real-job").glob("dump-*"))
@@ -127,9 +147,12 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
             "body_bytes_max": max(sizes), "series_last": series,
             "rss_mib": {"end": round(rss, 1), "peak": round(peak, 1)},
             "open_fds_max": max(fds),
+            "scrapes_after_a_failed_run": failed,
             "real_job_fresh": bool(fresh) and all(fresh),
             "real_job_fresh_scrapes": f"{sum(fresh)}/{len(fresh)}",
-            "real_job_dump_sets": kept, "group_rewrites": churn - 1 if hostile_run else 0}
+            "real_job_dump_sets": kept,
+            "collector": {k: ranks.get(k) for k in ("status", "last_duration_seconds",
+                                                    "errors_total", "message")}, "group_rewrites": churn - 1 if hostile_run else 0}
 
 
 def main() -> int:
@@ -148,13 +171,12 @@ def main() -> int:
           f"{'body kB':>9}{'real job fresh':>16}{'dump sets':>11}")
     for r in results:
         print(f"{r['run']:<9}{r['rss_mib']['end']:>9.1f} / {r['rss_mib']['peak']:<6.1f}"
-              f"{r['open_fds_max']:>9}{r['scrape_ms']['p50']:>10.2f} / {r['scrape_ms']['p99']:<6.2f}"
+              f"{r['open_fds_max']:>9}{r['scrape_ms']['p50']:>10.2f} / "
+              f"{r['scrape_ms']['p99']:<6.2f}"
               f"{r['body_bytes_max'] / 1000:>9.1f}"
               f"{('yes' if r['real_job_fresh'] else 'no') + ' ' + r['real_job_fresh_scrapes']:>16}"
               f"{len(r['real_job_dump_sets']):>11}")
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "adversarial_spool.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_result("adversarial_spool", results)
     return 0 if all(r["real_job_fresh"] and len(r["real_job_dump_sets"]) == 2
                     for r in results) else 1
 

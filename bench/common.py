@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -63,6 +65,15 @@ def scrape_times(port: int, path: str, count: int, headers: dict[str, str]) -> T
     conn.close()
     samples.sort()
     return Timing(statistics.median(samples), samples[int(len(samples) * 0.99) - 1], size)
+
+
+def write_result(name: str, result: object) -> Path:
+    """bench/results/<name>.json."""
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
 
 
 def stop(proc: subprocess.Popen) -> None:

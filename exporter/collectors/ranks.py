@@ -122,10 +122,11 @@ SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
                        "Label values cut to a safe alphabet or length, by field.", ("field",))
 CUT = MetricSpec(
     "llmmon_nccl_spool_cut_total", "counter",
-    "Items of spool files left out to bound the daemon's memory, by reason: groups (over 64 a "
-    "rank), rank_spans (a group listing over 64), inflight_entries (over 2,048 a state file), "
-    "series (samples over 64 counter series a rank), read_budget (a changed file left for the "
-    "next run: max_read_bytes).", ("reason",))
+    "Items of spool files left out to bound the daemon's memory, by reason: groups (beyond 64 a "
+    "document), rank_spans (groups listing over 64 spans), inflight_entries (beyond 2,048 a "
+    "state file), series (samples over 64 counter series a rank), read_budget (a changed "
+    "file left for the next run: max_read_bytes or half the collector's timeout spent).",
+    ("reason",))
 
 
 class RanksCollector(Collector):
@@ -166,9 +167,9 @@ class RanksCollector(Collector):
                "Larger spool files are refused (18.5k NCCL entries make ~10 MB).",
                metavar="BYTES", minimum=4096, maximum=1 << 30),
         Option("max_read_bytes", "int", 32 << 20,
-               "Bytes of changed spool files parsed per run at most; the rest wait for the "
-               "next run (each job's newest files first).", metavar="BYTES",
-               minimum=65536, maximum=1 << 32),
+               "Bytes of changed spool files parsed per run at most (and no more once half the "
+               "timeout is spent); the rest wait for the next run, each job's newest first.",
+               metavar="BYTES", minimum=65536, maximum=1 << 32),
         Option("max_files", "int", 512,
                "Spool files read per run at most, shared round-robin by the jobs.",
                minimum=1, maximum=100_000),
@@ -189,7 +190,8 @@ class RanksCollector(Collector):
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
                                   config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
-                                  config["drop_after"], config["max_read_bytes"])
+                                  config["drop_after"], config["max_read_bytes"],
+                                  config["timeout"] / 2)  # the rest: evidence, rendering
         self.keeper = dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()

@@ -6,8 +6,9 @@ claimed by two fresh files keeps the newer one; files of ranks gone for `drop_af
 deleted (the spool is the daemon's tmpfs, it must not fill up with dead jobs).
 
 Changed files are parsed in the scan's order (round-robin over jobs, each job's newest first)
-until `max_read_bytes` have been read in the run; the rest wait for the next run, so no spool,
-however large, makes a run outlast its timeout and starve the others.
+until `max_read_bytes` have been read or `max_parse_seconds` spent in the run; the rest wait
+for the next run, so no spool, however large, makes a run outlast its timeout and starve the
+others (the first changed file of a run is always read: every run makes progress).
 Parses are kept only as far as they are needed again: an entries file's only its stamp (its
 records are counted), a state file's without its in-flight dump (indexed once), so memory is
 what the ledger keeps, not what the files hold.
@@ -15,6 +16,7 @@ what the ledger keeps, not what the files hold.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Generic, TypeVar
@@ -53,10 +55,13 @@ class _Parsed(Generic[T]):
 
 class SpoolIngest:
     def __init__(self, source: SpoolSource, ledger: Ledger, stale_after: float,
-                 drop_after: float, max_read_bytes: int) -> None:
+                 drop_after: float, max_read_bytes: int,
+                 max_parse_seconds: float = float("inf")) -> None:
         self.source = source
         self.max_read_bytes = max_read_bytes
+        self.max_parse_seconds = max_parse_seconds
         self._budget = max_read_bytes
+        self._deadline = 0.0
         self.ledger = ledger
         self.stale_after = stale_after
         self.drop_after = drop_after
@@ -67,6 +72,7 @@ class SpoolIngest:
     def run(self, now: float) -> IngestResult:
         result = IngestResult()
         self._budget = self.max_read_bytes
+        self._deadline = time.monotonic() + self.max_parse_seconds
         try:
             scan = self.source.scan()
         except SpoolError as exc:
@@ -144,7 +150,8 @@ class SpoolIngest:
         cached = cache.get(spool_file.path)
         if cached is None or cached.stamp != spool_file.stamp:
             size = spool_file.stamp[2]
-            if size > self._budget and self._budget < self.max_read_bytes:
+            if self._budget < self.max_read_bytes and (
+                    size > self._budget or time.monotonic() >= self._deadline):
                 result.cut["read_budget"] += 1  # read in a later run
                 return None
             self._budget -= size

@@ -297,10 +297,10 @@ def _spans(raw: Any) -> list[tuple[int, int]]:
 
 def _groups(raw: Any, notes: Notes) -> dict[str, Group]:
     """The reporter's own group list: {name: {desc, size, ranks: [[first, last], ...]}}."""
-    groups = {}
-    for name, value in _obj(raw, "pgs").items():
+    groups, listed = {}, _obj(raw, "pgs")
+    for name, value in listed.items():
         if len(groups) >= MAX_PGS:
-            notes.cut["groups"] += 1
+            notes.cut["groups"] += len(listed) - MAX_PGS
             break
         doc = _obj(value, f"pgs.{name:.40}")
         groups[label(name, "pg", notes)] = _group(label(doc.get("desc", ""), "pg_desc", notes),
@@ -311,10 +311,10 @@ def _groups(raw: Any, notes: Notes) -> dict[str, Group]:
 
 def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
     """Flight Recorder pg_config: {key: {name, desc, ranks: "[0, 1]"}} (gloo leaves it empty)."""
-    groups = {}
-    for value in _obj(raw or {}, "pg_config").values():
+    groups, listed = {}, _obj(raw or {}, "pg_config")
+    for value in listed.values():
         if len(groups) >= MAX_PGS:
-            notes.cut["groups"] += 1
+            notes.cut["groups"] += len(listed) - MAX_PGS
             break
         doc = _obj(value, "pg_config entry")
         name = label(doc.get("name", ""), "pg", notes)
@@ -333,10 +333,10 @@ def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
 
 
 def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
-    progress = {}
-    for name, value in _obj(raw or {}, "pg_status").items():
+    progress, listed = {}, _obj(raw or {}, "pg_status")
+    for name, value in listed.items():
         if len(progress) >= MAX_PGS:
-            notes.cut["groups"] += 1
+            notes.cut["groups"] += len(listed) - MAX_PGS
             break
         doc = _obj(value, f"pg_status.{name:.40}")
         progress[label(name, "pg", notes)] = Progress(

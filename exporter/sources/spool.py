@@ -100,7 +100,8 @@ class SpoolSource:
                 scan.rejected.append(SpoolError("unreadable", job.path, str(exc.strerror)))
                 continue
             budget -= len(entries)
-            files = [f for entry, st in entries if (f := self._admit(job.name, entry, st, scan))]
+            files = [f for entry, found in entries
+                     if (f := self._admit(job.name, entry, found, scan))]
             files.sort(key=lambda f: (f.stamp[1], f.path), reverse=True)
             if len(files) > self.max_files_per_job:
                 scan.rejected.append(SpoolError(
@@ -116,7 +117,8 @@ class SpoolSource:
         return scan
 
     @staticmethod
-    def _listing(path: str, limit: int, scan: Scan) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+    def _listing(path: str, limit: int,
+                 scan: Scan) -> list[tuple[os.DirEntry[str], os.stat_result]]:
         """At most `limit` entries of a directory (in directory order) with their lstat."""
         listed = []
         with os.scandir(path) as entries:

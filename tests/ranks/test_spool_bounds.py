@@ -124,3 +124,15 @@ def test_a_spool_too_big_for_one_run_is_read_over_several_each_jobs_newest_first
     for _ in range(6):
         samples = scrape(collector)[0]
     assert by_rank(samples, "llmmon_rank_up", job_id="flood") == {r: 1 for r in range(6)}
+
+
+def test_a_run_out_of_parse_time_leaves_the_other_changed_files_for_the_next(
+        tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    hostile.inflight_flood(spool, files=3, count=MAX_INFLIGHT)  # each parse takes milliseconds
+    collector = make_collector(spool, tmp_path, timeout="1ms")  # half of it: 0.5 ms to parse
+    for run in range(1, 4):
+        samples = scrape(collector)[0]
+        assert len(by_rank(samples, "llmmon_rank_up", job_id="flood")) == run
+    assert series(samples, "llmmon_nccl_spool_cut_total", reason="read_budget") == {
+        (("reason", "read_budget"),): 2 + 1}
