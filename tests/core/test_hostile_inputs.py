@@ -14,51 +14,15 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FIXTURES
+from tests.core.served import collector, runs_after, value, wait_for
 
-T = TypeVar("T")
 HUGE = "9" * 309  # float() of it overflows: it used to raise OverflowError while rendering
 NOT_UTF8 = os.fsdecode(b"mlx5_\xff")  # os.listdir hands this name over with a lone surrogate
 FAST = ("--collector.disable-defaults", "--sampler.max-staleness=1s")
-
-
-def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def collector(server, name: str) -> dict:  # type: ignore[no-untyped-def]
-    response = requests.get(server.url + "/api/v1/collectors", timeout=10)
-    assert response.status_code == 200, response.text
-    return next(s for s in response.json()["collectors"] if s["name"] == name)
-
-
-def samples(server) -> dict[tuple[str, tuple], float]:  # type: ignore[no-untyped-def]
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(server, name: str, **labels: str) -> float | None:  # type: ignore[no-untyped-def]
-    return samples(server).get((name, tuple(sorted(labels.items()))))
-
-
-def runs_after(server, name: str, runs: int = 2) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the collector has finished `runs` more runs (its duration changes)."""
-    for _ in range(runs):
-        before = collector(server, name)["last_duration_seconds"]
-        wait_for(lambda: collector(server, name)["last_duration_seconds"] != before,
-                 f"another {name} run")
 
 
 def proc_tree(tmp_path: Path) -> Path:
