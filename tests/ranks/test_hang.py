@@ -61,9 +61,14 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
             return doc if doc["jobs"] and doc["jobs"][0]["stalled_groups"] else None
 
         api = wait_for(daemon_sees_stall, 30, "the daemon to see the stall")
-        # The daemon asked every rank for a dump through its pipe and kept the set.
-        kept = wait_for(lambda: sorted(fr_dir.glob(f"{JOB}/dump-*/rank_*.json")), 30,
-                        "the dumps to be kept")
+        # The daemon asked every rank for a dump through its pipe and kept the set: the whole
+        # set, which can settle across two dump-<second> directories when the ranks write
+        # their dumps a moment apart.
+        def whole_set() -> dict[str, Path] | None:
+            kept = {p.name: p for p in fr_dir.glob(f"{JOB}/dump-*/rank_*.json")}
+            return kept if len(kept) == 3 else None
+
+        kept = wait_for(whole_set, 90, "every rank's dump to be kept")
         text = diagnose("--url", server.url)
         from_spool = diagnose("--spool.dir", str(spool), "--stall-after", "1", "--json",
                               "--dump", "--pipe-dir", str(pipe_dir))
@@ -81,8 +86,8 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
     assert stalled_api["summary"].startswith(
         f"job {JOB}, group 0 (default_pg): ranks 0–1 wait in all_reduce #21 for ")
     assert "rank 2 never enqueued it (last enqueued #20)" in stalled_api["summary"]
-    assert [p.name for p in kept] == ["rank_0.json", "rank_1.json", "rank_2.json"]
-    dump = json.loads(kept[2].read_text())
+    assert sorted(kept) == ["rank_0.json", "rank_1.json", "rank_2.json"]
+    dump = json.loads(kept["rank_2.json"].read_text())
     assert dump["pg_status"]["0"]["last_enqueued_collective"] == "20"
 
     assert text.returncode == 1, text.stderr
