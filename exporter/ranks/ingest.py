@@ -113,18 +113,22 @@ class SpoolIngest:
     def _ingest_entries(self, spool_file: SpoolFile, result: IngestResult) -> None:
         cached = self._entries.get(spool_file.path)
         if cached is not None and cached.stamp == spool_file.stamp:
-            return  # already counted this version
-        known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
-        entries = self._parse(self._entries, spool_file,
-                              lambda data, notes: parse_entries(data, notes, known), result)
+            # already fed to the ledger; what was wrong with this version is still wrong
+            self._report(cached, spool_file, result)
+            entries = cached.value
+        else:
+            known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
+            entries = self._parse(self._entries, spool_file,
+                                  lambda data, notes: parse_entries(data, notes, known), result)
+            cached = None
         if entries is None:
             return
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
                                                           spool_file.pid):
             self._problem(result, "identity_mismatch", spool_file.path,
                           f"{spool_file.path}: entries of another rank or pid", spool_file.stamp)
-            return
-        self.ledger.observe_entries(entries)
+        elif cached is None:
+            self.ledger.observe_entries(entries)
 
     def _parse(self, cache: dict[str, _Parsed[T]], spool_file: SpoolFile,
                parser: Callable[[bytes, Notes], T], result: IngestResult) -> T | None:
@@ -141,6 +145,11 @@ class SpoolIngest:
                                   f"first: {notes.first_drop}")
             cache[spool_file.path] = cached
             result.sanitised.update(notes.sanitised)
+        self._report(cached, spool_file, result)
+        return cached.value
+
+    def _report(self, cached: _Parsed[T], spool_file: SpoolFile, result: IngestResult) -> None:
+        """The problems of a parsed version: new the first time, persisting after."""
         if cached.dropped:
             self._problem(result, "bad_entry", spool_file.path, cached.dropped, cached.stamp)
         if cached.error is not None:
@@ -148,7 +157,6 @@ class SpoolIngest:
             if isinstance(cached.error, SchemaError):
                 message = f"{spool_file.path}: {message}"
             self._problem(result, cached.error.reason, spool_file.path, message, cached.stamp)
-        return cached.value
 
     def _problem(self, result: IngestResult, reason: str, key: str, message: str,
                  stamp: Stamp | None) -> None:
