@@ -23,7 +23,7 @@ STEPS = 20  # rank 2 stops at step 10, after 2 x 10 all_reduces in group 0
 
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmmon", "diagnose", "--ranks", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
 def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
