@@ -31,6 +31,17 @@ def proc_tree(tmp_path: Path) -> Path:
     return proc
 
 
+def serve_running(serve, name: str, *args: str):  # type: ignore[no-untyped-def]
+    """`llmmon serve` running collector `name` alone every 200 ms, once it has run a few
+    times; its state must read ok."""
+    server = serve(*FAST, f"--collector.{name}", f"--collector.{name}.interval=200ms", *args)
+    server.wait_collected()
+    runs_after(server, name)
+    state = collector(server, name)
+    assert state["status"] == "ok", state
+    return server, state
+
+
 def test_counts_beyond_2_64_or_negative_skip_that_disk_count_an_error_and_recover(
         serve, tmp_path: Path) -> None:
     proc = proc_tree(tmp_path)
@@ -38,12 +49,7 @@ def test_counts_beyond_2_64_or_negative_skip_that_disk_count_an_error_and_recove
     (proc / "diskstats").write_text(
         good.replace("sda 25354637", f"sda {HUGE}").replace("sdb 326552", "sdb -326552")
         .replace("sdc 192", f"sdc {2 ** 64 + 1}"))
-    server = serve(*FAST, "--collector.disk", "--collector.disk.interval=200ms",
-                   f"--path.procfs={proc}")
-    server.wait_collected()
-    runs_after(server, "disk")
-    state = collector(server, "disk")
-    assert state["status"] == "ok", state
+    server, state = serve_running(serve, "disk", f"--path.procfs={proc}")
     assert state["errors_total"] >= 3  # each bad device, every run
     assert "outside a counter's range (0 to 2^64)" in state["last_error"]
     for device in ("sda", "sdb", "sdc"):
@@ -77,12 +83,7 @@ def test_a_huge_infiniband_counter_and_a_non_utf8_device_name_leave_rdma_running
                "port_xmit_data")
     good = counter.read_text()
     counter.write_text(HUGE + "\n")
-    server = serve(*FAST, "--collector.rdma", "--collector.rdma.interval=200ms",
-                   f"--path.sysfs={sys_root}")
-    server.wait_collected()
-    runs_after(server, "rdma")
-    state = collector(server, "rdma")
-    assert state["status"] == "ok", state
+    server, state = serve_running(serve, "rdma", f"--path.sysfs={sys_root}")
     assert state["errors_total"] >= 2
     assert "mlx5_0/ports/1/counters/port_xmit_data" in state["last_error"]
     # The undecodable byte is written as a visible escape; the exposition stays valid.
