@@ -80,7 +80,7 @@ def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
                f"How often the {cls.name} collector runs.", minimum="100ms", maximum="24h"),
         Option("timeout", "duration", cls.timeout,
                f"After this long a {cls.name} run counts as failed (it may still be blocked).",
-               minimum="10ms", maximum="1h"),
+               minimum="1ms", maximum="1h"),
     ) + cls.options
 
 

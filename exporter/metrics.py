@@ -115,7 +115,7 @@ def checked(families: Iterable[Metric], error: Callable[[str, str], None]) -> li
     """`families` ready to render: a series with a value no renderer can write, or a count
     out of a counter's range, is dropped and reported through `error(key, message)` (as any
     bad input is); label values UTF-8 cannot encode are escaped (`textsafe.printable`).
-    Whatever a collector produced, rendering the result cannot raise."""
+    What collectors read from files cannot make the renderer raise."""
     result = []
     for family in families:
         counts = _COUNT_SUFFIXES.get(family.type, ())

@@ -100,7 +100,7 @@ class Server:
              f"--web.listen-address=127.0.0.1:{self.port}", *args],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, **popen)
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,7 +111,7 @@ class Server:
             time.sleep(0.05)
         raise AssertionError(f"llmmon serve not ready after {timeout}s:\n{self.log()}")
 
-    def wait_collected(self, timeout: float = 20.0) -> list[dict]:
+    def wait_collected(self, timeout: float = 60.0) -> list[dict]:
         """Wait until no collector is still pending its first run; returns their states."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -132,16 +132,22 @@ class SpoolIngest:
         return list(chosen.values())
 
     def _ingest_entries(self, spool_file: SpoolFile, result: IngestResult) -> None:
+        cached = self._entries.get(spool_file.path)
+        if cached is not None and cached.stamp == spool_file.stamp:
+            # already fed to the ledger; what was wrong with this version is still wrong
+            self._report(cached, spool_file, result)
+            return
         known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
         entries = self._parse(self._entries, spool_file,
                               lambda data, notes: parse_entries(data, notes, known), result)
         if entries is None:
-            return  # bad, or this version already counted (its problems listed as persisting)
-        self._entries[spool_file.path].value = None  # counted below; only the stamp matters
+            return
+        parsed = self._entries[spool_file.path]
+        parsed.value = None  # counted below (or refused); only the stamp and problems matter
         if (entries.job_id, entries.rank, entries.pid) != (spool_file.job_dir, spool_file.rank,
                                                           spool_file.pid):
-            self._problem(result, "identity_mismatch", spool_file.path,
-                          f"{spool_file.path}: entries of another rank or pid", spool_file.stamp)
+            parsed.error = SchemaError("entries of another rank or pid", "identity_mismatch")
+            self._report(parsed, spool_file, result)
             return
         self.ledger.observe_entries(entries)
 
@@ -167,6 +173,11 @@ class SpoolIngest:
             cache[spool_file.path] = cached
             result.sanitised.update(notes.sanitised)
             result.cut.update(notes.cut)
+        self._report(cached, spool_file, result)
+        return cached.value
+
+    def _report(self, cached: _Parsed[T], spool_file: SpoolFile, result: IngestResult) -> None:
+        """The problems of a parsed version: new the first time, persisting after."""
         if cached.dropped:
             self._problem(result, "bad_entry", spool_file.path, cached.dropped, cached.stamp)
         if cached.error is not None:
@@ -174,7 +185,6 @@ class SpoolIngest:
             if isinstance(cached.error, SchemaError):
                 message = f"{spool_file.path}: {message}"
             self._problem(result, cached.error.reason, spool_file.path, message, cached.stamp)
-        return cached.value
 
     def _problem(self, result: IngestResult, reason: str, key: str, message: str,
                  stamp: Stamp | None) -> None:

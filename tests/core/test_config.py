@@ -76,18 +76,18 @@ def test_config_file_errors(tmp_path: Path, content: str, message: str) -> None:
 def test_bad_flag_exits_2_with_a_clear_message() -> None:
     result = subprocess.run([sys.executable, "-m", "llmmon", "serve",
                              "--collector.disk.timeout=0s"], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=180)
     assert result.returncode == 2
     assert "--collector.disk.timeout: duration must be positive" in result.stderr
     result = subprocess.run([sys.executable, "-m", "llmmon", "serve",
                              "--web.listen-address=nowhere"], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=180)
     assert result.returncode == 2 and "listen address 'nowhere'" in result.stderr
 
 
 def test_help_documents_every_flag() -> None:
     result = subprocess.run([sys.executable, "-m", "llmmon", "serve", "--help"],
-                            capture_output=True, text=True, timeout=30)
+                            capture_output=True, text=True, timeout=180)
     assert result.returncode == 0
     flags = [global_flag(o) for o in GLOBAL_OPTIONS] + ["--config.file",
                                                          "--collector.disable-defaults"]

@@ -14,57 +14,32 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FIXTURES
+from tests.core.served import collector, runs_after, value, wait_for
 
-T = TypeVar("T")
 HUGE = "9" * 309  # float() of it overflows: it used to raise OverflowError while rendering
 NOT_UTF8 = os.fsdecode(b"mlx5_\xff")  # os.listdir hands this name over with a lone surrogate
 FAST = ("--collector.disable-defaults", "--sampler.max-staleness=1s")
-
-
-def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def collector(server, name: str) -> dict:  # type: ignore[no-untyped-def]
-    response = requests.get(server.url + "/api/v1/collectors", timeout=10)
-    assert response.status_code == 200, response.text
-    return next(s for s in response.json()["collectors"] if s["name"] == name)
-
-
-def samples(server) -> dict[tuple[str, tuple], float]:  # type: ignore[no-untyped-def]
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(server, name: str, **labels: str) -> float | None:  # type: ignore[no-untyped-def]
-    return samples(server).get((name, tuple(sorted(labels.items()))))
-
-
-def runs_after(server, name: str, runs: int = 2) -> None:  # type: ignore[no-untyped-def]
-    """Wait until the collector has finished `runs` more runs (its duration changes)."""
-    for _ in range(runs):
-        before = collector(server, name)["last_duration_seconds"]
-        wait_for(lambda: collector(server, name)["last_duration_seconds"] != before,
-                 f"another {name} run")
 
 
 def proc_tree(tmp_path: Path) -> Path:
     proc = tmp_path / "proc"
     shutil.copytree(FIXTURES / "proc", proc, symlinks=True)
     return proc
+
+
+def serve_running(serve, name: str, *args: str):  # type: ignore[no-untyped-def]
+    """`llmmon serve` running collector `name` alone every 200 ms, once it has run a few
+    times; its state must read ok."""
+    server = serve(*FAST, f"--collector.{name}", f"--collector.{name}.interval=200ms", *args)
+    server.wait_collected()
+    runs_after(server, name)
+    state = collector(server, name)
+    assert state["status"] == "ok", state
+    return server, state
 
 
 def test_counts_beyond_2_64_or_negative_skip_that_disk_count_an_error_and_recover(
@@ -74,12 +49,7 @@ def test_counts_beyond_2_64_or_negative_skip_that_disk_count_an_error_and_recove
     (proc / "diskstats").write_text(
         good.replace("sda 25354637", f"sda {HUGE}").replace("sdb 326552", "sdb -326552")
         .replace("sdc 192", f"sdc {2 ** 64 + 1}"))
-    server = serve(*FAST, "--collector.disk", "--collector.disk.interval=200ms",
-                   f"--path.procfs={proc}")
-    server.wait_collected()
-    runs_after(server, "disk")
-    state = collector(server, "disk")
-    assert state["status"] == "ok", state
+    server, state = serve_running(serve, "disk", f"--path.procfs={proc}")
     assert state["errors_total"] >= 3  # each bad device, every run
     assert "outside a counter's range (0 to 2^64)" in state["last_error"]
     for device in ("sda", "sdb", "sdc"):
@@ -113,12 +83,7 @@ def test_a_huge_infiniband_counter_and_a_non_utf8_device_name_leave_rdma_running
                "port_xmit_data")
     good = counter.read_text()
     counter.write_text(HUGE + "\n")
-    server = serve(*FAST, "--collector.rdma", "--collector.rdma.interval=200ms",
-                   f"--path.sysfs={sys_root}")
-    server.wait_collected()
-    runs_after(server, "rdma")
-    state = collector(server, "rdma")
-    assert state["status"] == "ok", state
+    server, state = serve_running(serve, "rdma", f"--path.sysfs={sys_root}")
     assert state["errors_total"] >= 2
     assert "mlx5_0/ports/1/counters/port_xmit_data" in state["last_error"]
     # The undecodable byte is written as a visible escape; the exposition stays valid.

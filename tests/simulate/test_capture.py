@@ -27,8 +27,13 @@ from tests.simulate.test_node import ticked
 MASK = re.compile(r"^((?:" + "|".join(VOLATILE) + r").*\}) .*$", re.M)
 
 
-# A collector run that outlives its timeout on a loaded machine would read as a difference.
-PATIENT = [f"--collector.{cls.name}.timeout=60s" for cls in discover()]
+# A collector run that outlives its timeout on a loaded machine would read as a difference;
+# so would a rank that turns stale (30 s by default), stalled or dumped between the live
+# scrape and the replayed one: the simulated ranks stop writing once ticked, and the replay
+# keeps their age.  With these bounds out of reach the comparison does not depend on speed.
+PATIENT = [f"--collector.{cls.name}.timeout=60s" for cls in discover()] + [
+    "--collector.ranks.stale-after=24h", "--collector.ranks.stall-after=24h",
+    "--collector.ranks.drop-after=720h", "--collector.ranks.auto-dump=false"]
 
 
 def settings_for(*flags: str) -> Settings:
