@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ("llmmon-cluster-wall.json", "llmmon-triage.json")
 SCRAPE_S = 15
 GRAFANA_POINTS = 1000
+QUERY_TIMEOUT_S = 30.0  # Grafana's default data source timeout is 30 s
 BIN = {name: shutil.which(name) for name in
        ("prometheus", "victoria-metrics", "vmagent", "vmalert", "prometheus-alertmanager")}
 MARK_START, MARK_END = "<!-- capacity-table:start -->", "<!-- capacity-table:end -->"
@@ -139,9 +140,12 @@ def time_queries(url: str) -> list[dict[str, Any]]:
             path = "/api/v1/query_range"
         started = time.perf_counter()
         try:
-            body = json.loads(_get(f"{url}{path}?{urllib.parse.urlencode(params)}"))
+            body = json.loads(_get(f"{url}{path}?{urllib.parse.urlencode(params)}",
+                                   QUERY_TIMEOUT_S))
         except urllib.error.HTTPError as exc:  # recorded, not fatal: the store rejected it
             body = {"error": exc.read().decode(errors="replace")[:300]}
+        except (TimeoutError, urllib.error.URLError) as exc:  # recorded: slower than the bound
+            body = {"error": f"no answer within {QUERY_TIMEOUT_S:g} s ({exc})"}
         elapsed = time.perf_counter() - started
         results.append({**query, "seconds": round(elapsed, 3), "error": body.get("error"),
                         "series": len(body.get("data", {}).get("result", []))})

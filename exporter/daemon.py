@@ -38,7 +38,8 @@ def build(settings: Settings) -> Daemon:
             continue
         collectors.append(cls(env, config))
     log.info("collectors enabled: %s", ", ".join(c.name for c in collectors) or "none")
-    sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"])
+    sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"],
+                      settings["sampler.series_budget"])
     app = create_app(sampler, collectors, settings["web.telemetry_path"])
     diagnoser = Diagnoser(sampler)
     diagnoser.mount(app)  # GET /api/v1/diagnose

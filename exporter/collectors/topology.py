@@ -30,7 +30,8 @@ AFFINITY = MetricSpec(
     "llmmon_gpu_nic_affinity", "gauge",
     "1 for each GPU and RDMA device; path is the PCIe path between them: PIX (one switch), "
     "PXB (several switches), PHB (host bridge), NODE (host bridges of one NUMA node), SYS "
-    "(across sockets).", ("gpu", "uuid", "device", "path"))
+    "(across sockets; those pairs only with --collector.topology.cross-socket-pairs: a pair "
+    "that is absent is SYS).", ("gpu", "uuid", "device", "path"))
 NEAREST = MetricSpec(
     "llmmon_gpu_nearest_nic_info", "info",
     "The RDMA device nearest each GPU (ties spread over the GPUs that share them, as NCCL "
@@ -77,6 +78,9 @@ class TopologyCollector(Collector):
     options = (
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
+        Option("cross_socket_pairs", "bool", False,
+               "Also export llmmon_gpu_nic_affinity for GPU-NIC pairs across sockets (path "
+               "SYS): half of an HGX node's 64 pairs, implied by their absence."),
     )
     interval = 60.0
     timeout = 5.0
@@ -103,7 +107,8 @@ class TopologyCollector(Collector):
         chosen = nearest(distances)
         for gpu, gpu_labels in names.items():
             for nic, (path, _) in sorted(distances[gpu].items()):
-                families.add(AFFINITY, gpu_labels + (nic, path), 1)
+                if path != "SYS" or self.config["cross_socket_pairs"]:
+                    families.add(AFFINITY, gpu_labels + (nic, path), 1)
             nic = chosen[gpu]
             ports = infiniband.ports(sysfs, nic)
             netdev = infiniband.port_netdev(sysfs, nic, ports[0]) if ports else ""

@@ -17,8 +17,9 @@ from tests.core.helpers import make_collector, run
 
 LAYOUTS = FIXTURES / "topology"
 H200X8 = str(FIXTURES / "nvml" / "h200x8")  # NVML replay of 8 GPUs at the HGX bus ids
-OPTIONS = {"hgx": {"settings": {"nvml.replay": H200X8}}, "misconfigured": {"nvml": False},
-           "workstation": {"nvml": False}}
+OPTIONS = {"hgx": {"settings": {"nvml.replay": H200X8}, "cross_socket_pairs": True},
+           "misconfigured": {"nvml": False, "cross_socket_pairs": True},
+           "workstation": {"nvml": False, "cross_socket_pairs": True}}
 
 
 def collector(sysfs: Path, **options: object) -> TopologyCollector:
@@ -54,6 +55,17 @@ def test_classification_matches_nvidia_smi(layout: str) -> None:
     ours = {(dict(l)["gpu"], dict(l)["device"]): dict(l)["path"]
             for n, l in samples if n == "llmmon_gpu_nic_affinity"}
     assert ours == nvidia_smi_matrix(layout)
+
+
+def test_cross_socket_pairs_are_off_by_default() -> None:
+    """Without the flag the matrix lacks exactly the SYS pairs; the nearest NIC still says SYS."""
+    samples, _, _ = run(collector(LAYOUTS / "misconfigured" / "sys", nvml=False))
+    ours = {(dict(l)["gpu"], dict(l)["device"]): dict(l)["path"]
+            for n, l in samples if n == "llmmon_gpu_nic_affinity"}
+    matrix = nvidia_smi_matrix("misconfigured")
+    assert "SYS" in matrix.values()
+    assert ours == {pair: path for pair, path in matrix.items() if path != "SYS"}
+    assert "SYS" in {p for _, _, p in nearest(samples).values()}
 
 
 def nearest(samples: dict) -> dict[str, tuple[str, str, str]]:
