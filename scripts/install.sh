@@ -5,8 +5,9 @@
 #   scripts/install.sh          llmmon and its runtime dependencies (pinned in pyproject.toml)
 #   scripts/install.sh --test   also, editable, the test extra; torch 2.13.0 (CPU) for the
 #                               multi-process reporter tests; and Debian's prometheus,
-#                               prometheus-alertmanager, openssl and systemd for the real-binary
-#                               tests (apt-get, only for what is missing)
+#                               prometheus-alertmanager, victoria-metrics (with vmagent and
+#                               vmalert), openssl and systemd for the real-binary tests
+#                               (apt-get, only for what is missing)
 #
 # PYTHON selects the interpreter (default python3); the Dockerfile points it at a venv.
 set -euo pipefail
@@ -17,7 +18,7 @@ test=0
 for arg in "$@"; do
   case "$arg" in
     --test) test=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $arg (use --test or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +33,7 @@ fi
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v vmalert >/dev/null || missing+=(victoria-metrics)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 if [ "${#missing[@]}" -gt 0 ]; then

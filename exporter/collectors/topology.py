@@ -30,8 +30,8 @@ AFFINITY = MetricSpec(
     "llmmon_gpu_nic_affinity", "gauge",
     "1 for each GPU and RDMA device; path is the PCIe path between them: PIX (one switch), "
     "PXB (several switches), PHB (host bridge), NODE (host bridges of one NUMA node), SYS "
-    "(across sockets; those pairs only with --collector.topology.cross-socket-pairs: a pair "
-    "that is absent is SYS).", ("gpu", "uuid", "device", "path"))
+    "(across sockets). Only with --collector.topology.affinity-matrix.",
+    ("gpu", "uuid", "device", "path"))
 NEAREST = MetricSpec(
     "llmmon_gpu_nearest_nic_info", "info",
     "The RDMA device nearest each GPU (ties spread over the GPUs that share them, as NCCL "
@@ -78,9 +78,10 @@ class TopologyCollector(Collector):
     options = (
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
-        Option("cross_socket_pairs", "bool", False,
-               "Also export llmmon_gpu_nic_affinity for GPU-NIC pairs across sockets (path "
-               "SYS): half of an HGX node's 64 pairs, implied by their absence."),
+        Option("affinity_matrix", "bool", False,
+               "Export llmmon_gpu_nic_affinity, the path of every GPU-NIC pair (64 series on "
+               "an HGX node). llmmon_gpu_nearest_nic_info, what the dashboards and diagnose "
+               "read, is always exported."),
     )
     interval = 60.0
     timeout = 5.0
@@ -107,7 +108,7 @@ class TopologyCollector(Collector):
         chosen = nearest(distances)
         for gpu, gpu_labels in names.items():
             for nic, (path, _) in sorted(distances[gpu].items()):
-                if path != "SYS" or self.config["cross_socket_pairs"]:
+                if self.config["affinity_matrix"]:
                     families.add(AFFINITY, gpu_labels + (nic, path), 1)
             nic = chosen[gpu]
             ports = infiniband.ports(sysfs, nic)
