@@ -42,7 +42,7 @@ from typing import Any, Callable
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import free_port, wait_http
+from common import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ("llmmon-cluster-wall.json", "llmmon-triage.json")
@@ -90,12 +90,7 @@ class Processes:
 
     def stop(self) -> None:
         for process in reversed(self.started):
-            process.terminate()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
         self.started = []
 
 
@@ -315,7 +310,9 @@ def run(nodes: int, store: str, rules: Path, settle: float, measure: float) -> d
     finally:
         procs.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return {"nodes": nodes, "store": store, "load_average": os.getloadavg()[0], **result}
+    shipped = rules == (ROOT / "alerts" / "rules").resolve()
+    return {"nodes": nodes, "store": store, "rule_files": "shipped" if shipped else str(rules),
+            "load_average": os.getloadavg()[0], **result}
 
 
 def _gib(value: float) -> str:
@@ -339,20 +336,21 @@ def _slowest_query(entry: dict[str, Any], dashboard: str) -> str:
 
 def docs_block(results: list[dict[str, Any]]) -> str:
     """The measured table and the extrapolation of docs/capacity.md."""
-    lines = ["| nodes (8 GPUs) | store | head series | series/node | RSS | bytes/series | "
+    lines = ["| nodes (8 GPUs) | store | rules | head series | series/node | RSS | bytes/series | "
              "samples/s | slowest rule group (median, % of interval) | missed | "
              "wall dashboard, slowest query | triage, slowest query | load average |",
-             "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for entry in sorted(results, key=lambda e: (e["nodes"], e["store"])):
+             "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for entry in sorted(results, key=lambda e: (e["nodes"], e["store"], e.get("rule_files", ""))):
         name, seconds, share = _slowest(entry)
         missed = sum(g["missed"] for g in entry["groups"].values())
         lines.append(
-            f"| {entry['nodes']:,} | {entry['store']} | {entry['series']:,} | "
+            f"| {entry['nodes']:,} | {entry['store']} | {entry.get('rule_files', 'shipped')} | "
+            f"{entry['series']:,} | "
             f"{entry['series'] // entry['nodes']:,} | {_gib(entry['rss_bytes'])} | "
             f"{entry['bytes_per_series']:,} | {entry['samples_per_second']:,} | "
             f"`{name}` {seconds:.2f} s ({share:.0%}) | {missed:g} | "
             f"{_slowest_query(entry, DASHBOARDS[0])} | {_slowest_query(entry, DASHBOARDS[1])} | "
-            f"{entry['load_average']:.0f} |")
+            f"{entry.get('load_average', 0):.0f} |")
     lines += ["", extrapolation(results)]
     return "\n".join(lines)
 
@@ -398,7 +396,16 @@ def main() -> int:
                         help="seconds of sampling (default 90: six evaluations)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capacity.json")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                        help="measure nothing: build the table from earlier --out files")
     args = parser.parse_args()
+    if args.from_json:
+        results = [entry for path in args.from_json for entry in json.loads(path.read_text())]
+        block = docs_block(results)
+        print(block)
+        if args.write_docs:
+            write_docs(block)
+        return 0
     missing = [name for name, path in BIN.items() if path is None]
     if missing:
         sys.exit(f"not installed: {', '.join(missing)} (scripts/install.sh --test)")
