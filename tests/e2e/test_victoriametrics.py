@@ -41,7 +41,7 @@ DEADLINE = 420.0
 
 
 @dataclass
-class Path2:
+class Route:
     """One way from the exporters to a pager: its Alertmanager's webhook receiver."""
 
     receiver: stack.WebhookReceiver
@@ -55,8 +55,8 @@ class Path2:
 
 @dataclass
 class Stacks:
-    prometheus: Path2
-    victoria: Path2
+    prometheus: Route
+    victoria: Route
     vmagents: list[str]  # URLs of the shards
     started: float
 
@@ -155,7 +155,7 @@ def stacks() -> Iterator[Stacks]:
             old: new, "http://victoriametrics:8428": vm_url,
             "http://alertmanager:9093": managers[1].url,
             "/etc/llmmon/rules": str(rules), "-evaluationInterval=15s": f"-evaluationInterval={INTERVAL}"})])
-        yield Stacks(Path2(receivers[0]), Path2(receivers[1]), shards, time.monotonic())
+        yield Stacks(Route(receivers[0]), Route(receivers[1]), shards, time.monotonic())
     finally:
         for process in reversed(processes):
             stop_process(process)
