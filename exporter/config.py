@@ -53,6 +53,11 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("sampler.max_staleness", "duration", "60s",
            "How long a failing or hung collector's last good snapshot is still served.",
            minimum="1s", maximum="24h"),
+    Option("sampler.series_budget", "int", 2000,
+           "Series this node may expose (docs/capacity.md: 2,000 for 8 GPUs, 8 RDMA ports, 16 "
+           "disks and 8 ranks at the default flags). Above it "
+           "llmmon_exporter_series_budget_exceeded is 1 and a warning names the largest "
+           "collector; nothing is dropped. 0: no budget.", minimum=0, maximum=10_000_000),
 )
 COMMON_COLLECTOR_OPTIONS = ("enabled", "interval", "timeout")
 

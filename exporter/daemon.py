@@ -45,7 +45,8 @@ def build(settings: Settings) -> Daemon:
                     "%s (every Linux %s has %s); collectors that find nothing under it "
                     "fail: %s", problem, kind, ", ".join(SKELETONS[kind]),
                     ", ".join(users) or "none enabled")
-    sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"])
+    sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"],
+                      settings["sampler.series_budget"])
     app = create_app(sampler, collectors, settings["web.telemetry_path"])
     diagnoser = Diagnoser(sampler)
     diagnoser.mount(app)  # GET /api/v1/diagnose

@@ -46,7 +46,22 @@ WATCHED = MetricSpec(
 BUILD = MetricSpec(
     "llmmon_exporter_build_info", "info", "Version of the running llmmon exporter.",
     ("version",))
-SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD)
+SERIES = MetricSpec(
+    "llmmon_exporter_collector_series", "gauge",
+    "Series in the collector's last snapshot: what it adds to every scrape.", ("collector",))
+SERIES_TOTAL = MetricSpec(
+    "llmmon_exporter_series", "gauge",
+    "Series of the whole exposition: every collector's plus these self-metrics.")
+BUDGET = MetricSpec(
+    "llmmon_exporter_series_budget", "gauge",
+    "The node's series budget (--sampler.series-budget; 0: no budget).")
+OVER_BUDGET = MetricSpec(
+    "llmmon_exporter_series_budget_exceeded", "gauge",
+    "1 while llmmon_exporter_series exceeds a non-zero --sampler.series-budget: a collector "
+    "(llmmon_exporter_collector_series says which) grew the node past what capacity planning "
+    "assumed. Nothing is dropped; the flags in docs/capacity.md trim it.")
+SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES_TOTAL, BUDGET,
+         OVER_BUDGET)
 
 OM_EOF = b"# EOF\n"
 
@@ -135,9 +150,11 @@ class Sampler:
     """Owns the collectors, their threads and the rendered exposition."""
 
     def __init__(self, collectors: list[Collector], version: str,
-                 max_staleness: float = 60.0) -> None:
+                 max_staleness: float = 60.0, series_budget: int = 0) -> None:
         self.collectors = collectors
         self.max_staleness = max_staleness
+        self.series_budget = series_budget
+        self._over_budget = False
         self.states = {
             c.name: CollectorState(c.name, c.config["interval"], c.config["timeout"])
             for c in collectors
@@ -310,6 +327,21 @@ class Sampler:
                 families.add(LAST_SUCCESS, labels, state.last_success)
             if state.watched is not None:
                 families.add(WATCHED, labels, state.watched)
+            families.add(SERIES, labels, state.series)
+        families.add(BUDGET, [], self.series_budget)
+        # The total counts itself and the exceeded gauge, added below.
+        total = (sum(s.series for s in self.states.values())
+                 + sum(len(f.samples) for f in families) + 2)
+        families.add(SERIES_TOTAL, [], total)
+        over = bool(self.series_budget) and total > self.series_budget
+        families.add(OVER_BUDGET, [], int(over))
+        if over != self._over_budget:
+            self._over_budget = over
+            if over:
+                largest = max(self.states.values(), key=lambda st: st.series)
+                log.warning("series budget exceeded: %d series > --sampler.series-budget=%d "
+                            "(largest: collector=%s with %d)", total, self.series_budget,
+                            largest.name, largest.series)
         return families
 
     def _render_self(self) -> None:

@@ -5,8 +5,9 @@
 #   scripts/install.sh          llmmon and its runtime dependencies (pinned in pyproject.toml)
 #   scripts/install.sh --test   also, editable, the test extra; torch for the multi-process
 #                               reporter tests; and, with apt-get, only what is missing of
-#                               Debian's prometheus, prometheus-alertmanager, openssl, systemd,
-#                               iproute2 (ip: network namespaces) and procps (sysctl)
+#                               Debian's prometheus, prometheus-alertmanager, victoria-metrics
+#                               (with vmagent and vmalert), openssl, systemd, iproute2 (ip:
+#                               network namespaces) and procps (sysctl)
 #
 # Environment:
 #   PYTHON           the interpreter (default python3); the Dockerfile points it at a venv
@@ -46,6 +47,7 @@ fi
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+command -v vmalert >/dev/null || missing+=(victoria-metrics)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v ip >/dev/null || missing+=(iproute2)

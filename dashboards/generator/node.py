@@ -241,11 +241,13 @@ def disk_pressure(**size):
 
 def nic_paths(**size):
     return table(
-        "GPU to NIC paths", "PCIe path between each GPU and each RDMA device, as `nvidia-smi "
-        "topo -m` prints it: PIX (one PCIe switch, best), PXB, PHB, NODE, SYS (across "
-        "sockets, worst). Each GPU should have a PIX or PXB NIC.",
-        Query(f"max by (node, gpu, device, path) ({m('llmmon_gpu_nic_affinity', 'node', 'gpu')})"),
-        columns=("node", "gpu", "device", "path"), renames={"device": "RDMA device"},
+        "GPU to NIC paths", "The RDMA device nearest each GPU and the PCIe path between them, "
+        "as `nvidia-smi topo -m` prints it: PIX (one PCIe switch, best), PXB, PHB, NODE, SYS "
+        "(across sockets, worst). Each GPU should have a PIX or PXB NIC. Every pair: "
+        "--collector.topology.affinity-matrix (llmmon_gpu_nic_affinity).",
+        Query(f"max by (node, gpu, device, netdev, path) "
+              f"({m('llmmon_gpu_nearest_nic_info', 'node', 'gpu')})"),
+        columns=("node", "gpu", "device", "netdev", "path"), renames={"device": "RDMA device"},
         sort_by="gpu", **size)
 
 

@@ -69,6 +69,13 @@ FIELDS: tuple[tuple[MetricSpec, int, Callable[[int], float]], ...] = (
     (_spec("llmmon_disk_flush_seconds_total", "counter",
            "Time spent on flush requests (kernel 5.5+)."), 16, _milliseconds),
 )
+# Fields exported only with --collector.disk.extended: none of the rules, dashboards or
+# diagnose branches reads them, and with 16 disks they are 144 of a node's series.
+EXTENDED = {"llmmon_disk_reads_merged_total", "llmmon_disk_writes_merged_total",
+            "llmmon_disk_io_weighted_seconds_total", "llmmon_disk_discards_total",
+            "llmmon_disk_discards_merged_total", "llmmon_disk_discarded_bytes_total",
+            "llmmon_disk_discard_seconds_total", "llmmon_disk_flushes_total",
+            "llmmon_disk_flush_seconds_total"}
 # Partition lines of 2.6-era kernels carry only: reads, sectors read, writes, sectors written.
 OLD_PARTITION_FIELDS = ((0, 0), (2, 1), (4, 2), (6, 3))
 
@@ -86,6 +93,9 @@ class DiskCollector(Collector):
     options = (
         Option("device_exclude", "regex", DEFAULT_EXCLUDE,
                "Devices to skip: partitions, loop, ram and floppy devices by default."),
+        Option("extended", "bool", False,
+               "Also export merged reads/writes, discards, flushes and weighted IO time "
+               "(9 series per disk that no shipped rule or dashboard reads)."),
     )
     roots = ("procfs",)
     interval = 5.0
@@ -94,6 +104,8 @@ class DiskCollector(Collector):
     def __init__(self, env, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(env, config)
         self._exclude = re.compile(config["device_exclude"])
+        self._fields = tuple(f for f in FIELDS
+                             if config["extended"] or f[0].name not in EXTENDED)
 
     def collect(self, ctx: Context) -> Iterable[Metric]:
         families = Families()
@@ -136,7 +148,7 @@ class DiskCollector(Collector):
             if len(values) == 4:
                 mapping = [(FIELDS[i], values[j]) for i, j in OLD_PARTITION_FIELDS]
             elif len(values) >= 11:
-                mapping = [(field, values[field[1]]) for field in FIELDS
+                mapping = [(field, values[field[1]]) for field in self._fields
                            if field[1] < len(values)]
             else:
                 ctx.error(f"diskstats:{device}",

@@ -316,6 +316,10 @@ class GpuCollector(Collector):
                minimum="1s", maximum="24h"),
         Option("processes", "bool", True,
                "Export compute processes with their pod UID and container ID."),
+        Option("power_limit_bounds", "bool", False,
+               "Also export llmmon_gpu_power_limit_bound_watts (the min, max and default "
+               "power limit the driver allows: 3 static series per GPU that no shipped rule "
+               "or dashboard reads; llmmon_gpu_power_limit_watts is always exported)."),
     )
     interval = 5.0
     timeout = 4.0
@@ -410,6 +414,8 @@ class GpuCollector(Collector):
                        (POWER_LIMIT_BOUND, ("max",), bounds[1] / 1e3)]
         static += [(PEAK_FLOPS, (dtype,), flops) for dtype, flops in peak_flops(model).items()]
         gpu.supported_reasons = reader.call("supported_clocks_event_reasons")
+        if not self.config["power_limit_bounds"]:
+            static = [sample for sample in static if sample[0] is not POWER_LIMIT_BOUND]
         gpu.static = static
         gpu.info = (model, pci.get("busId", ""), self._system[0], self._system[1],
                     reader.call("vbios") or "", reader.call("serial") or "",

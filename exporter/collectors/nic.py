@@ -135,10 +135,11 @@ class NicCollector(Collector):
     ) + filter_options("interfaces") + (
         Option("all_interfaces", "bool", False,
                "Also read virtual interfaces (without a device behind /sys/class/net/IF)."),
-        Option("priorities", "list", "0,1,2,3,4,5,6,7",
+        Option("priorities", "list", "3",
                "Priorities whose per-priority traffic, discard and ECN counters are exported "
-               "(e.g. 3 for the lossless RoCE class; 64 series per mlx5 port for all eight). "
-               "PFC pause counters are always exported.", metavar="PRIORITIES"),
+               "(default 3, the lossless RoCE class; 0,1,2,3,4,5,6,7 for all eight: 40 more "
+               "series per mlx5 port, which no shipped rule or dashboard reads). PFC pause "
+               "counters are always exported.", metavar="PRIORITIES"),
         Option("extra_stats", "regex", "",
                "Driver statistics without a dedicated metric to export as "
                "llmmon_nic_driver_stat{stat} (empty: none). mlx5 has ~700 per interface."),

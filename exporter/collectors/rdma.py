@@ -172,6 +172,13 @@ HW_COUNTERS: tuple[Field, ...] = (
         "CNPs ignored as reaction point: check that ECN/DCQCN is enabled on the adapter.")),
 )
 _HW_BY_FILE = {field.file: field for field in HW_COUNTERS}
+# InfiniBand link-level counters (virtual lanes, subnet management, partitions, credit waits,
+# the IB PHY's integrity thresholds). A RoCE port (link_layer Ethernet) keeps them at zero:
+# its PHY errors are in ethtool's counters (the nic collector). Not read on Ethernet ports.
+IB_LINK_ONLY = frozenset({
+    "VL15_dropped", "port_rcv_switch_relay_errors", "port_rcv_constraint_errors",
+    "port_xmit_constraint_errors", "port_rcv_remote_physical_errors",
+    "local_link_integrity_errors", "excessive_buffer_overrun_errors", "port_xmit_wait"})
 
 
 class RdmaCollector(Collector):
@@ -228,10 +235,11 @@ class RdmaCollector(Collector):
             families.add(INFO, labels + (
                 infiniband.port_netdev(sysfs, device, port), link_layer, address, numa,
                 hca_type, firmware, board), 1)
-            self._port(ctx, families, labels)
+            self._port(ctx, families, labels, ethernet=link_layer == "Ethernet")
         return len(ports)
 
-    def _port(self, ctx: Context, families: Families, labels: tuple[str, str]) -> None:
+    def _port(self, ctx: Context, families: Families, labels: tuple[str, str],
+              ethernet: bool) -> None:
         device, port = labels
         base = (infiniband.CLASS, device, "ports", port)
         state = self._read(ctx, infiniband.parse_state, *base, "state")
@@ -247,7 +255,7 @@ class RdmaCollector(Collector):
 
         present = set(self.env.sysfs.listdir(*base, "counters"))  # bnxt_re has none
         for field in COUNTERS:
-            if field.file in present:
+            if field.file in present and not (ethernet and field.file in IB_LINK_ONLY):
                 self._add(ctx, families, field, labels, *base, "counters")
         for file in self.env.sysfs.listdir(*base, "hw_counters"):
             field = _HW_BY_FILE.get(file)

@@ -30,7 +30,8 @@ AFFINITY = MetricSpec(
     "llmmon_gpu_nic_affinity", "gauge",
     "1 for each GPU and RDMA device; path is the PCIe path between them: PIX (one switch), "
     "PXB (several switches), PHB (host bridge), NODE (host bridges of one NUMA node), SYS "
-    "(across sockets).", ("gpu", "uuid", "device", "path"))
+    "(across sockets). Only with --collector.topology.affinity-matrix.",
+    ("gpu", "uuid", "device", "path"))
 NEAREST = MetricSpec(
     "llmmon_gpu_nearest_nic_info", "info",
     "The RDMA device nearest each GPU (ties spread over the GPUs that share them, as NCCL "
@@ -77,6 +78,10 @@ class TopologyCollector(Collector):
     options = (
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
+        Option("affinity_matrix", "bool", False,
+               "Export llmmon_gpu_nic_affinity, the path of every GPU-NIC pair (64 series on "
+               "an HGX node). llmmon_gpu_nearest_nic_info, what the dashboards and diagnose "
+               "read, is always exported."),
     )
     roots = ("sysfs",)
     interval = 60.0
@@ -104,7 +109,8 @@ class TopologyCollector(Collector):
         chosen = nearest(distances)
         for gpu, gpu_labels in names.items():
             for nic, (path, _) in sorted(distances[gpu].items()):
-                families.add(AFFINITY, gpu_labels + (nic, path), 1)
+                if self.config["affinity_matrix"]:
+                    families.add(AFFINITY, gpu_labels + (nic, path), 1)
             nic = chosen[gpu]
             ports = infiniband.ports(sysfs, nic)
             netdev = infiniband.port_netdev(sysfs, nic, ports[0]) if ports else ""

@@ -29,9 +29,17 @@ def _alerts(rendered: render.Rendered) -> list[dict]:
     return [rule for group in rendered.files["alerts.yaml"]["groups"] for rule in group["rules"]]
 
 
-def test_for_override_replaces_every_for_and_nothing_else(rendered: render.Rendered) -> None:
+def _without_intervals(files: dict) -> dict:
+    return {name: {"groups": [{k: v for k, v in group.items() if k != "interval"}
+                              for group in content["groups"]]} for name, content in files.items()}
+
+
+def test_for_override_replaces_every_for_and_drops_group_intervals(
+        rendered: render.Rendered) -> None:
     fast = render.render(render.load_thresholds(), for_override="5s")
-    assert fast.files["recording.yaml"] == rendered.files["recording.yaml"]
+    assert any("interval" in g for g in rendered.files["recording.yaml"]["groups"])
+    assert not [g for f in fast.files.values() for g in f["groups"] if "interval" in g]
+    assert fast.files["recording.yaml"] == _without_intervals(rendered.files)["recording.yaml"]
     pairs = list(zip(_alerts(rendered), _alerts(fast), strict=True))
     assert sum("for" in slow for slow, _ in pairs) >= 20
     for slow, quick in pairs:

@@ -28,7 +28,8 @@ def test_defaults() -> None:
     assert settings["path.procfs"] == "/proc"
     assert settings.collectors["disk"] == {
         "enabled": True, "interval": 5.0, "timeout": 3.0,
-        "device_exclude": r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$"}
+        "device_exclude": r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$",
+        "extended": False}
 
 
 def test_yaml_then_flags(tmp_path: Path) -> None:

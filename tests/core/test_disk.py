@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmmon.collectors.disk import DiskCollector
+from llmmon.collectors.disk import EXTENDED, DiskCollector
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector, run
 
@@ -26,7 +26,7 @@ def proc(tmp_path: Path) -> Path:
 
 
 def test_units_and_kernel_formats(proc: Path) -> None:
-    samples, ctx, _ = run(make_collector(DiskCollector, proc))
+    samples, ctx, _ = run(make_collector(DiskCollector, proc, extended=True))
     assert ctx.error_count == 0
     # 11-value line (pre-4.18): sectors x 512, milliseconds -> seconds.
     assert samples[dev("llmmon_disk_reads_total", "sda")] == 25354637
@@ -46,6 +46,17 @@ def test_units_and_kernel_formats(proc: Path) -> None:
     # IO pressure: microseconds -> seconds.
     assert samples[("llmmon_pressure_io_stalled_seconds_total", (("kind", "full"),))] == \
         pytest.approx(159.229614)
+
+
+def test_extended_fields_are_off_by_default(proc: Path) -> None:
+    """Merged, discard, flush and weighted-IO series only with --collector.disk.extended."""
+    samples, _, _ = run(make_collector(DiskCollector, proc))
+    names = {name for name, _ in samples}
+    assert not names & EXTENDED
+    assert {"llmmon_disk_reads_total", "llmmon_disk_read_seconds_total",
+            "llmmon_disk_io_in_progress", "llmmon_disk_io_seconds_total"} <= names
+    extended, _, _ = run(make_collector(DiskCollector, proc, extended=True))
+    assert EXTENDED <= {name for name, _ in extended}
 
 
 def test_default_exclusions(proc: Path) -> None:

@@ -1,6 +1,7 @@
 """deploy/prometheus: promtool accepts the shipped configs (and the rules they load), and the
 scale-out path works for real: a Prometheus agent scrapes a live exporter with the shipped
-agent.yml and remote-writes into a second Prometheus, which then answers queries for it."""
+agent.yml and remote-writes into a second Prometheus, or into VictoriaMetrics, which then
+answers queries for it."""
 
 from __future__ import annotations
 
@@ -54,8 +55,22 @@ def _query(url: str, promql: str) -> list[dict]:
     return response.json()["data"]["result"]
 
 
-@pytest.mark.slow  # two real Prometheus servers, one remote-writing into the other
-def test_agent_remote_writes_into_a_second_prometheus(tmp_path: Path, web_serve):
+def _receiver(store: str, tmp_path: Path, port: int) -> tuple[str, list[str]]:
+    """The store's binary and flags: a Prometheus with its remote-write receiver on, or
+    VictoriaMetrics (it hides the newest 30 s from queries by default; 1 s here)."""
+    if store == "prometheus":
+        (tmp_path / "receiver.yml").write_text("global: {}\n")
+        return require("prometheus"), [
+            f"--config.file={tmp_path / 'receiver.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            "--web.enable-remote-write-receiver", f"--web.listen-address=127.0.0.1:{port}"]
+    return require("victoria-metrics"), [
+        f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
+        "-search.latencyOffset=1s"]
+
+
+@pytest.mark.slow  # two real stores, one remote-writing into the other
+@pytest.mark.parametrize("store", ["prometheus", "victoria-metrics"])
+def test_agent_remote_writes_into_the_store(tmp_path: Path, web_serve, store: str):
     exporter = web_serve()
     receiver_port, agent_port = free_port(), free_port()
     # The shipped agent.yml with only the store's URL and the intervals changed.
@@ -67,21 +82,19 @@ def test_agent_remote_writes_into_a_second_prometheus(tmp_path: Path, web_serve)
     (tmp_path / "targets").mkdir()
     (tmp_path / "targets" / "nodes.yml").write_text(yaml.safe_dump(
         [{"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"node": "test-node"}}]))
-    (tmp_path / "receiver.yml").write_text("global: {}\n")
     prometheus = require("prometheus")
     processes = []
     try:
-        for name, args, port in (
-                ("receiver", [f"--config.file={tmp_path / 'receiver.yml'}",
-                              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                              "--web.enable-remote-write-receiver"], receiver_port),
-                ("agent", ["--enable-feature=agent", f"--config.file={tmp_path / 'agent.yml'}",
-                           f"--storage.agent.path={tmp_path / 'wal'}"], agent_port)):
+        for name, command, port in (
+                ("receiver", _receiver(store, tmp_path, receiver_port), receiver_port),
+                ("agent", (prometheus, [
+                    "--enable-feature=agent", f"--config.file={tmp_path / 'agent.yml'}",
+                    f"--storage.agent.path={tmp_path / 'wal'}",
+                    f"--web.listen-address=127.0.0.1:{agent_port}"]), agent_port)):
             log = tmp_path / f"{name}.log"
             with open(log, "wb") as sink:
-                processes.append(subprocess.Popen(
-                    [prometheus, *args, f"--web.listen-address=127.0.0.1:{port}"],
-                    stdout=sink, stderr=subprocess.STDOUT))
+                processes.append(subprocess.Popen([command[0], *command[1]],
+                                                  stdout=sink, stderr=subprocess.STDOUT))
             wait_for_port(port, processes[-1], log)
         receiver = f"http://127.0.0.1:{receiver_port}"
         promql = 'llmmon_exporter_collector_success{job="llmmon",collector="disk"}'

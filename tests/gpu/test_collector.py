@@ -35,7 +35,7 @@ def captured(name: str, **labels: str) -> tuple[str, tuple]:
 @pytest.fixture
 def eight(gpu_collector):
     """Two runs over the 8-GPU fixture with 40 instant power ticks and every XID between."""
-    collector = gpu_collector(H200X8)
+    collector = gpu_collector(H200X8, power_limit_bounds=True)  # the golden has every family
     collector.xid.clock = lambda: XID_TIME
     _, first, _ = run(collector)  # discovers the GPUs; the power sampler learns their limits
     assert first.error_count == 0, first.errors
@@ -51,6 +51,14 @@ def test_golden_exposition_of_eight_gpus(eight) -> None:
     assert ctx.error_count == 0, ctx.errors
     assert ctx.watched == 8
     compare_golden("gpu.prom", text)
+
+
+def test_power_limit_bounds_are_off_by_default(gpu_collector) -> None:
+    samples, ctx, _ = run(gpu_collector(H200X8))
+    assert ctx.error_count == 0, ctx.errors
+    names = {name for name, _ in samples}
+    assert "llmmon_gpu_power_limit_watts" in names
+    assert "llmmon_gpu_power_limit_bound_watts" not in names
 
 
 def test_promtool_lints_the_exposition_clean(eight) -> None:

@@ -28,7 +28,8 @@ def key(name: str, **labels: str) -> tuple[str, tuple]:
 
 
 def test_golden_exposition() -> None:
-    text = render(collector(FIXTURES / "ethtool").collect(Context()))[0].decode()
+    every = tuple("01234567")  # the golden keeps every priority's series
+    text = render(collector(FIXTURES / "ethtool", priorities=every).collect(Context()))[0].decode()
     compare_golden("nic.prom", text)
 
 
@@ -107,6 +108,9 @@ def test_unknown_driver_uses_the_mlx5_table(dumps: Path, sys_tree: Path) -> None
 def test_allow_list_and_priorities() -> None:
     samples, _, _ = run(collector(FIXTURES / "ethtool"))
     assert not any(n == "llmmon_nic_driver_stat" for n, _ in samples)
+    # Per-priority traffic: only the lossless RoCE class by default (the series budget).
+    default = {dict(l)["priority"] for n, l in samples if n == "llmmon_nic_priority_bytes_total"}
+    assert default == {"3"}
     samples, _, _ = run(collector(FIXTURES / "ethtool", extra_stats="^rx_vport_rdma_",
                                   priorities=("3",)))
     extra = {dict(l)["stat"] for n, l in samples if n == "llmmon_nic_driver_stat"}

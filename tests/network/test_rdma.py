@@ -48,6 +48,14 @@ def test_units_state_and_identity() -> None:
     assert samples[port("llmmon_rdma_hw_counters_lifespan_seconds", "mlx5_0")] == 0.01
     # Saturated IB PMA counters are exported raw.
     assert samples[port("llmmon_rdma_transmit_wait_ticks_total", "mlx5_2")] == 2**32 - 1
+    # InfiniBand link-level counters are not read on a RoCE (link_layer Ethernet) port,
+    # though its sysfs has them; the PHY's own errors still are.
+    roce = FIXTURES / "sys/class/infiniband/mlx5_0/ports/1"
+    assert (roce / "link_layer").read_text().strip() == "Ethernet"
+    assert (roce / "counters/port_xmit_wait").exists()
+    assert port("llmmon_rdma_transmit_wait_ticks_total", "mlx5_0") not in samples
+    assert port("llmmon_rdma_vl15_dropped_total", "mlx5_0") not in samples
+    assert port("llmmon_rdma_symbol_errors_total", "mlx5_0") in samples
     assert samples[port("llmmon_rdma_symbol_errors_total", "mlx5_2")] == 2**16 - 1
     assert samples[port("llmmon_rdma_link_downed_total", "mlx5_2")] == 3
     # Retransmission and congestion hw_counters.

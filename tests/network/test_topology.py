@@ -17,8 +17,9 @@ from tests.core.helpers import make_collector, run
 
 LAYOUTS = FIXTURES / "topology"
 H200X8 = str(FIXTURES / "nvml" / "h200x8")  # NVML replay of 8 GPUs at the HGX bus ids
-OPTIONS = {"hgx": {"settings": {"nvml.replay": H200X8}}, "misconfigured": {"nvml": False},
-           "workstation": {"nvml": False}}
+OPTIONS = {"hgx": {"settings": {"nvml.replay": H200X8}, "affinity_matrix": True},
+           "misconfigured": {"nvml": False, "affinity_matrix": True},
+           "workstation": {"nvml": False, "affinity_matrix": True}}
 
 
 def collector(sysfs: Path, **options: object) -> TopologyCollector:
@@ -54,6 +55,14 @@ def test_classification_matches_nvidia_smi(layout: str) -> None:
     ours = {(dict(l)["gpu"], dict(l)["device"]): dict(l)["path"]
             for n, l in samples if n == "llmmon_gpu_nic_affinity"}
     assert ours == nvidia_smi_matrix(layout)
+
+
+def test_affinity_matrix_is_off_by_default() -> None:
+    """Without the flag only the nearest NIC per GPU is exported (it still says SYS)."""
+    samples, _, _ = run(collector(LAYOUTS / "misconfigured" / "sys", nvml=False))
+    assert not [n for n, _ in samples if n == "llmmon_gpu_nic_affinity"]
+    assert len(nearest(samples)) == 8
+    assert "SYS" in {p for _, _, p in nearest(samples).values()}
 
 
 def nearest(samples: dict) -> dict[str, tuple[str, str, str]]:

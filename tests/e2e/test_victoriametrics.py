@@ -1,0 +1,209 @@
+"""The scale-out path: the same hang page through vmagent, VictoriaMetrics and vmalert as
+through Prometheus.
+
+`llmmon simulate` runs two nodes, sim-00 with the hang scenario.  One Prometheus (the stack
+of the other end-to-end tests) and the shipped VictoriaMetrics path (deploy/victoriametrics/
+compose.yaml: VictoriaMetrics, two vmagent shards, vmalert) watch them, each notifying its own
+Alertmanager with the shipped routing.  The commands are the compose file's own, only the
+host:port addresses and paths mapped to this machine, and the 15 s scrape and evaluation
+intervals cut to 1 s (the rules' `for:` cut to 5 s as in the other e2e tests).  The page must
+be the same: same labels, same rendered description; each vmagent shard scrapes one node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from llmmon.simulate import stack
+from llmmon.simulate.exporters import free_port, stop_process
+from tests.conftest import ROOT
+from tests.e2e.conftest import Alert, wait_for
+
+DEPLOY = ROOT / "deploy" / "victoriametrics"
+INTERVAL = "1s"
+# The hang's shipped window (180 s without progress) plus `for`, VictoriaMetrics' 30 s
+# -search.latencyOffset and delivery, on a loaded 2-core machine.
+DEADLINE = 420.0
+
+
+@dataclass
+class Route:
+    """One way from the exporters to a pager: its Alertmanager's webhook receiver."""
+
+    receiver: stack.WebhookReceiver
+
+    def hang(self) -> Alert | None:
+        return next((Alert(n.receiver, a["status"], a["labels"], a["annotations"])
+                     for n in self.receiver.snapshot() for a in n.payload["alerts"]
+                     if n.receiver == "pager" and a["status"] == "firing"
+                     and a["labels"].get("alertname") == "LLMTrainingHang"), None)
+
+
+@dataclass
+class Stacks:
+    prometheus: Route
+    victoria: Route
+    vmagents: list[str]  # URLs of the shards
+    started: float
+
+
+def compose_command(service: str, mapping: dict[str, str]) -> list[str]:
+    """A service's command from the shipped compose file, with `mapping`'s substrings replaced."""
+    command = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"][service]["command"]
+    out = []
+    for arg in command:
+        for old, new in mapping.items():
+            arg = arg.replace(old, new)
+        out.append(arg)
+    return out
+
+
+def _listen(service: str) -> tuple[str, str]:
+    """The compose service's -httpListenAddr, and a free 127.0.0.1 port to map it to."""
+    flag = next(a for a in compose_command(service, {}) if a.startswith("-httpListenAddr="))
+    return flag, f"-httpListenAddr=127.0.0.1:{free_port()}"
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, log.read_text(errors="replace")[-2000:]
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} not ready; see {log}"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def stacks() -> Iterator[Stacks]:
+    binaries = {name: stack.find_binary(name) for name in
+                ("prometheus", "victoria-metrics", "vmagent", "vmalert")}
+    alertmanager_bin = stack.find_binary("alertmanager", "prometheus-alertmanager")
+    assert all(binaries.values()) and alertmanager_bin, \
+        f"missing binaries {binaries}: scripts/install.sh --test"
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="llmmon-vm-", dir=shm))
+    receivers = [stack.WebhookReceiver(), stack.WebhookReceiver()]
+    servers: list[stack.Server] = []
+    processes: list[subprocess.Popen[bytes]] = []
+    with open(work / "simulate.log", "wb") as log:
+        simulator = subprocess.Popen(
+            [sys.executable, "-m", "llmmon", "simulate", f"--dir={work / 'sim'}", "--nodes=2",
+             "--job-nodes=1", "--port=0", "--speed=20", "--scenario=hang@sim-00",
+             *(f"--serve-arg=--collector.{c}.interval={INTERVAL}" for c in ("gpu", "ranks"))],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        targets = work / "sim" / "targets.json"
+        wait_for("the simulator's targets file",
+                 lambda: targets.exists() or simulator.poll() is not None,
+                 time.monotonic() + 150)
+        assert simulator.poll() is None, (work / "simulate.log").read_text()
+        rules = stack.rules_dir(work, "5s")
+        managers = [stack.start_alertmanager(
+            alertmanager_bin, work / f"alertmanager-{i}",
+            stack.alertmanager_config(r.url, group_wait="1s", group_interval="2s"))
+            for i, r in enumerate(receivers)]
+        servers += managers
+        servers.append(stack.start_prometheus(
+            binaries["prometheus"], work / "prometheus",
+            stack.prometheus_config(targets, rules, managers[0].url.removeprefix("http://"),
+                                    INTERVAL)))
+
+        def start(name: str, args: list[str]) -> None:
+            log = work / f"{name}.log"
+            with open(log, "ab") as handle:
+                process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL)
+            processes.append(process)
+            url = "http://" + next(a for a in args if a.startswith("-httpListenAddr="))
+            _wait_ready(url.replace("-httpListenAddr=", ""), process, log)
+
+        old, new = _listen("victoriametrics")
+        vm_url = "http://" + new.split("=", 1)[1]
+        start("victoria-metrics", [binaries["victoria-metrics"], *compose_command(
+            "victoriametrics", {old: new, "/storage": str(work / "vm-data")})])
+        scrape = yaml.safe_load((DEPLOY / "vmagent.yml").read_text())
+        scrape["global"]["scrape_interval"] = scrape["global"]["scrape_timeout"] = INTERVAL
+        scrape["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(targets)]
+        (work / "vmagent.yml").write_text(yaml.safe_dump(scrape))
+        shards = []
+        for shard in ("vmagent-0", "vmagent-1"):
+            old, new = _listen(shard)
+            start(shard, [binaries["vmagent"], *compose_command(shard, {
+                old: new, "http://victoriametrics:8428": vm_url,
+                "/etc/vmagent/vmagent.yml": str(work / "vmagent.yml"),
+                "/vmagent-data": str(work / f"{shard}-data"), "cluster=my-cluster": "cluster=sim"})])
+            shards.append("http://" + new.split("=", 1)[1])
+        old, new = _listen("vmalert")
+        start("vmalert", [binaries["vmalert"], *compose_command("vmalert", {
+            old: new, "http://victoriametrics:8428": vm_url,
+            "http://alertmanager:9093": managers[1].url,
+            "/etc/llmmon/rules": str(rules), "-evaluationInterval=15s": f"-evaluationInterval={INTERVAL}"})])
+        yield Stacks(Route(receivers[0]), Route(receivers[1]), shards, time.monotonic())
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        for server in reversed(servers):
+            server.stop()
+        stop_process(simulator, 30)
+        for entry in json.loads((work / "sim" / "exporters.json").read_text()) \
+                if (work / "sim" / "exporters.json").exists() else []:
+            try:
+                if b"llmmon" in Path(f"/proc/{entry['pid']}/cmdline").read_bytes():
+                    os.kill(entry["pid"], 9)
+            except OSError:
+                pass
+        for receiver in receivers:
+            receiver.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _active_targets(url: str) -> list[str]:
+    with urllib.request.urlopen(url + "/api/v1/targets", timeout=5) as response:
+        active = json.load(response)["data"]["activeTargets"]
+    return sorted(t["labels"]["node"] for t in active)
+
+
+def test_each_vmagent_shard_scrapes_its_half(stacks: Stacks) -> None:
+    def both() -> list[list[str]] | None:
+        shards = [_active_targets(url) for url in stacks.vmagents]
+        return shards if sum(map(len, shards)) == 2 else None
+
+    shards = wait_for("the shards' targets", both, stacks.started + 60)
+    assert sorted(n for shard in shards for n in shard) == ["sim-00", "sim-01"]
+    assert all(len(shard) == 1 for shard in shards), shards
+
+
+def test_hang_pages_the_same_through_vmalert_as_through_prometheus(stacks: Stacks) -> None:
+    deadline = stacks.started + DEADLINE
+    expected = wait_for("LLMTrainingHang through Prometheus", stacks.prometheus.hang, deadline)
+    got = wait_for("LLMTrainingHang through vmalert", stacks.victoria.hang, deadline)
+    assert expected.labels["node"] == "sim-00"
+    # vmalert adds the name of the rule group as `alertgroup`; every other label is the same.
+    assert {k: v for k, v in got.labels.items() if k != "alertgroup"} == expected.labels
+    # The description is rendered by each ruler's own template queries; the one part that
+    # depends on when it was evaluated is how long the group has completed nothing.
+    stalled = re.compile(r"completed nothing for (\d+)m (\d+)s")
+    for alert in (expected, got):
+        minutes, seconds = map(int, stalled.search(alert.annotations["description"]).groups())
+        assert minutes * 60 + seconds >= 180, alert.annotations["description"]
+    assert stalled.sub("completed nothing for ...", got.annotations["description"]) == \
+        stalled.sub("completed nothing for ...", expected.annotations["description"])
+    assert {k: v for k, v in got.annotations.items() if k != "description"} == \
+        {k: v for k, v in expected.annotations.items() if k != "description"}
