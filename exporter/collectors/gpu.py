@@ -12,6 +12,7 @@ support leaves its series out.  No NVML on the node means nothing to watch, not 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -23,6 +24,8 @@ from llmmon.gpu.clock_events import decompose
 from llmmon.gpu.peak_flops import peak_flops
 from llmmon.gpu.power import PowerSampler
 from llmmon.gpu.xid import XidWatcher
+from llmmon.gpu.xid_catalog import action
+from llmmon.gpu.xid_history import XidHistory, history, pci_key
 from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.sources.nvml import (
@@ -33,6 +36,7 @@ from llmmon.sources.nvml import (
     NvmlSource,
     NvmlUnavailable,
 )
+from llmmon.sources.kmsg import KmsgError, read_kmsg
 from llmmon.sources.nvml_open import open_nvml
 
 LABELS = ("gpu", "uuid")
@@ -138,10 +142,22 @@ PEAK_FLOPS = _spec("llmmon_gpu_peak_flops", "gauge",
                    "Dense peak tensor FLOP/s of this GPU model by dtype (datasheet): the MFU "
                    "denominator.", "dtype")
 XID_ERRORS = _spec("llmmon_gpu_xid_errors_total", "counter",
-                   "XID critical-error events, every one counted.", "xid")
+                   "XID critical-error events, every one counted; at start, the XIDs the "
+                   "kernel log holds from before (see llmmon_gpu_xid_kernel_log_read).", "xid")
 XID_LAST = _spec("llmmon_gpu_xid_last_timestamp_seconds", "gauge",
                  "When the last event of this XID arrived (increase() misses a first event; "
                  "alert on this too).", "xid")
+XID_ACTION = MetricSpec("llmmon_gpu_xid_action_info", "info",
+                        "What an XID seen on this node asks for, after NVIDIA's XID catalogue: "
+                        "reset_gpu, reboot_node, rma, check_application, none or unknown; "
+                        "value 1. Join on xid.", ("xid", "action"))
+XID_KERNEL_LOG = MetricSpec("llmmon_gpu_xid_kernel_log_read", "gauge",
+                            "1 if the kernel log was read at start, so XIDs from before the "
+                            "daemon started are in llmmon_gpu_xid_errors_total; 0 if it could "
+                            "not be read (see the log).")
+XID_UNATTRIBUTED = MetricSpec("llmmon_gpu_xid_unattributed_errors", "gauge",
+                              "XIDs in the kernel log at start whose PCI address no GPU "
+                              "answered at (a GPU fallen off the bus).", ("pci_bus_id", "xid"))
 XID_WATCHED = _spec("llmmon_gpu_xid_watched", "gauge",
                     "1 if this GPU is registered for XID events.")
 PROCESS_INFO = _spec("llmmon_gpu_process_info", "info",
@@ -298,7 +314,8 @@ class GpuCollector(Collector):
              ECC, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, PCIE_BYTES,
              PCIE_GENERATION, PCIE_MAX_GENERATION, PCIE_WIDTH, PCIE_MAX_WIDTH, NVLINK_BYTES,
              NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, PEAK_FLOPS, XID_ERRORS, XID_LAST,
-             XID_WATCHED, PROCESS_INFO, PROCESS_MEMORY)
+             XID_WATCHED, XID_ACTION, XID_KERNEL_LOG, XID_UNATTRIBUTED, PROCESS_INFO,
+             PROCESS_MEMORY)
     options = (
         Option("power_sample_rate", "positive_float", 20.0,
                "Instant power reads per second of every GPU (one thread for all GPUs)."),
@@ -312,6 +329,9 @@ class GpuCollector(Collector):
                "remapping, PCIe and NVLink counters, throttle time)."),
         Option("processes", "bool", True,
                "Export compute processes with their pod UID and container ID."),
+        Option("kmsg_path", "str", "/dev/kmsg",
+               "Kernel log read once at start for the XIDs logged before the daemon started "
+               "(needs CAP_SYSLOG where dmesg_restrict is set); empty skips it."),
     )
     interval = 5.0
     timeout = 4.0
@@ -325,6 +345,8 @@ class GpuCollector(Collector):
         self._gpus: list[_Gpu] = []
         self._system: tuple[str, str] | None = None
         self._next_slow = 0.0
+        self._history: XidHistory | None = None
+        self._kmsg_read: float | None = None
         self._order = {spec: n for n, spec in enumerate(self.specs)}
 
     def start(self) -> None:
@@ -355,8 +377,11 @@ class GpuCollector(Collector):
         samples: list[Sample] = []
         for gpu in self._gpus:
             samples += self._collect_gpu(gpu, ctx, slow_due)
+        if self._history is None:  # before the event set exists: nothing counted twice
+            self._read_history(ctx)
         self.xid.watch([gpu.index for gpu in self._gpus if gpu.info is not None])
         self._check_power_sampler(ctx)
+        samples += self._xid_samples()
         samples.sort(key=lambda sample: self._order[sample[0]])
         for spec, labels, value in samples:
             families.add(spec, labels, value)
@@ -469,7 +494,7 @@ class GpuCollector(Collector):
             out.append((NVLINK_ACTIVE, (), sum(state == NVLINK_ACTIVE_STATE for state in states)))
 
     def _from_threads(self, gpu: _Gpu) -> list[Sample]:
-        """The power window and XID counts the background threads gathered for `gpu`."""
+        """The power window the sampler thread gathered for `gpu`."""
         out: list[Sample] = []
         window = self.power.take(gpu.index)
         if window is not None:
@@ -482,11 +507,46 @@ class GpuCollector(Collector):
             if window.dips_total is not None:
                 out += [(POWER_DIPS, gpu.labels, window.dips_total),
                         (POWER_LOW, gpu.labels, window.low_seconds_total)]
-        out.append((XID_WATCHED, gpu.labels, 1.0 if gpu.index in self.xid.watched else 0.0))
-        for (index, xid), (count, last) in sorted(self.xid.counts().items()):
-            if index == gpu.index:
-                out += [(XID_ERRORS, gpu.labels + (str(xid),), count),
-                        (XID_LAST, gpu.labels + (str(xid),), last)]
+        return out
+
+    def _read_history(self, ctx: Context) -> None:
+        """Seed the XID counts from the kernel log, once, on the GPUs' PCI addresses."""
+        self._history = XidHistory(Counter(), {})
+        path = self.config["kmsg_path"]
+        if not path:
+            return
+        try:
+            self._history = history(read_kmsg(path))
+        except KmsgError as exc:
+            self._kmsg_read = 0.0
+            ctx.error("kmsg", f"XIDs from before the start are not counted: {exc}")
+            return
+        self._kmsg_read = 1.0
+        by_pci = {pci_key(gpu.info[1]): gpu.index for gpu in self._gpus
+                  if gpu.info is not None and gpu.info[1]}
+        for (pci, xid), count in list(self._history.counts.items()):
+            if pci in by_pci:
+                self.xid.seed(by_pci[pci], xid, count, self._history.last[(pci, xid)])
+                del self._history.counts[(pci, xid)]
+
+    def _xid_samples(self) -> list[Sample]:
+        """XID counts of the GPUs that answer; the kernel-log read, unattributed XIDs, and
+        the action of each code seen."""
+        out: list[Sample] = []
+        counts = self.xid.counts()
+        for gpu in (g for g in self._gpus if g.up and g.info is not None):
+            out.append((XID_WATCHED, gpu.labels, 1.0 if gpu.index in self.xid.watched else 0.0))
+            for (index, xid), (count, last) in sorted(counts.items()):
+                if index == gpu.index:
+                    out += [(XID_ERRORS, gpu.labels + (str(xid),), count),
+                            (XID_LAST, gpu.labels + (str(xid),), last)]
+        if self._kmsg_read is not None:
+            out.append((XID_KERNEL_LOG, (), self._kmsg_read))
+        assert self._history is not None
+        for (pci, xid), count in sorted(self._history.counts.items()):
+            out.append((XID_UNATTRIBUTED, (pci, str(xid)), count))
+        codes = {xid for _, xid in counts} | {xid for _, xid in self._history.counts}
+        out += [(XID_ACTION, (str(xid), action(xid)), 1.0) for xid in sorted(codes)]
         return out
 
     def _check_power_sampler(self, ctx: Context) -> None:
