@@ -19,6 +19,11 @@ DESIGN_ALERTS = {
     "RDMALinkDown", "RDMALinkFlapping", "NCCLNotUsingRDMA", "GPUDirectRDMADisabled",
     "DiskReadSaturated", "LLMMonExporterDown", "LLMMonCollectorFailing", "LLMMonReporterStale",
 }
+# Node health (issue 17, alerts/source/health.yaml): repair and fail-slow verdicts.
+HEALTH_ALERTS = {
+    "GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
+    "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
+}
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {
     "job_id:llmmon_training_mfu:ratio",
@@ -53,7 +58,7 @@ def _runbook_sections() -> dict[str, str]:
 
 
 def test_alert_names_are_the_design_names(alert_rules: list[dict]) -> None:
-    assert {rule["alert"] for rule in alert_rules} == DESIGN_ALERTS
+    assert {rule["alert"] for rule in alert_rules} == DESIGN_ALERTS | HEALTH_ALERTS
 
 
 def test_names_are_camel_case_and_severities_known(alert_rules: list[dict]) -> None:
