@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
-from dashboards.generator.panels import Query, m, prop, timeseries
+from dashboards.generator.panels import Query, m, prop, rate, timeseries
 
 GPU = "{{node}} GPU {{gpu}}"
 DASHED = [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]
@@ -64,3 +64,17 @@ def link_errors(**size):
         Query(m("node_gpu:llmmon_gpu_nvlink_errors:rate10m", "node", "gpu"), GPU + " NVLink"),
         Query(m("node_gpu:llmmon_gpu_pcie_replays:rate10m", "node", "gpu"), GPU + " PCIe replays"),
         **size)
+
+
+def rdma_link_quality(**size):
+    return timeseries(
+        "RDMA link quality", "Symbol errors and link error recoveries per port (over 120 symbol "
+        "errors an hour breaks the IBTA bit-error limit), and the node's active RDMA ports: a "
+        "node below its peers' count runs with fewer rails (RDMALinkDegraded).", units.Short,
+        Query(rate("llmmon_rdma_symbol_errors_total", "node", fn="increase"),
+              "{{node}} {{device}}/{{port}} symbol errors"),
+        Query(rate("llmmon_rdma_link_error_recovery_total", "node", fn="increase"),
+              "{{node}} {{device}}/{{port}} link recoveries"),
+        Query(f'count by (cluster, node) ({m("llmmon_rdma_port_up", "node")} == 1)',
+              "{{node}} active ports"),
+        bars=True, **size)

@@ -292,7 +292,7 @@ def dashboard() -> dict:
                   gpu_memory(**third), utilisation(**third), gpu_errors(width=24, height=6),
                   row("Node health"), health.xid_actions(**quarter),
                   health.memory_repair(**quarter), health.pcie_links(**quarter),
-                  health.link_errors(**quarter),
+                  health.link_errors(**quarter), health.rdma_link_quality(width=24, height=6),
                   row("RDMA ports"), rdma_traffic(**third), rdma_loss(**third),
                   rdma_congestion(**third), port_state(**half, height=6),
                   link_flaps(**half, height=6),

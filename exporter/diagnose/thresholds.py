@@ -70,6 +70,8 @@ class Thresholds:
     pcie_nic_busy_bytes_per_second: float = 100_000_000
     link_error_peer_ratio: float = 10
     link_error_floor_per_second: float = 0.01
+    rdma_symbol_errors_per_hour: float = 120
+    rdma_link_recovery_window: str = "15m"
 
     @classmethod
     def load(cls, path: str) -> Thresholds:

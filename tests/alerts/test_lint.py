@@ -23,6 +23,7 @@ DESIGN_ALERTS = {
 HEALTH_ALERTS = {
     "GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
     "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
+    "RDMALinkDegraded",
 }
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {

@@ -154,6 +154,58 @@ def link_errors(view: View, t: Thresholds) -> Outcome:
     return ok("every GPU's NVLink and PCIe error rates are close to its node's other GPUs")
 
 
+def _rates_below_peers(view: View, active: set[tuple[str, ...]]) -> list[Evidence]:
+    """Active ports negotiated below the median port of the same adapter type and link
+    layer in their cluster."""
+    kinds = index(view.instant("llmmon_rdma_port_info"), *NIC_KEY, "port")
+    rates = [s for s in view.instant("llmmon_rdma_port_rate_bytes_per_second")
+             if key(s, (*NIC_KEY, "port")) in active and key(s, (*NIC_KEY, "port")) in kinds]
+    found = []
+    for members in group(rates, "cluster").values():
+        peers: dict[tuple[str, str], list[Sample]] = {}
+        for s in members:
+            info = kinds[key(s, (*NIC_KEY, "port"))]
+            peers.setdefault((info.get("hca_type"), info.get("link_layer")), []).append(s)
+        for (hca, layer), ports in peers.items():
+            usual = median(s.value for s in ports)
+            found += [d.evidence(s, d.PORT, f"{d.port(s)} negotiated {d.size(s.value, 'B/s')}, "
+                                 f"the median {hca} {layer} port {d.size(usual, 'B/s')}",
+                                 rate=s.value) for s in ports if s.value < usual]
+    return found
+
+
+def rdma_links(view: View, t: Thresholds) -> Outcome:
+    up = view.instant("llmmon_rdma_port_up")
+    if not up:
+        return unknown("no RDMA ports")
+    symbols = view.increase("llmmon_rdma_symbol_errors_total", "1h")
+    recoveries = view.increase("llmmon_rdma_link_error_recovery_total",
+                               t.rdma_link_recovery_window)
+    if symbols is None or recoveries is None:
+        return unknown(NEEDS_RATES)
+    found = [d.evidence(s, d.PORT, f"{d.port(s)}: {s.value:.0f} symbol errors in the window "
+                        f"(limit {t.rdma_symbol_errors_per_hour:.0f} an hour)", symbol_errors=s.value)
+             for s in symbols if s.value > t.rdma_symbol_errors_per_hour]
+    found += [d.evidence(s, d.PORT, f"{d.port(s)}: {s.value:.0f} link error recoveries",
+                         link_error_recovery=s.value) for s in recoveries if s.value > 0]
+    active = [s for s in up if s.value == 1]
+    per_node = {k: len(v) for k, v in group(active, "cluster", "node").items()}
+    for cluster in group(active, "cluster"):
+        counts = [n for (c, _), n in per_node.items() if (c,) == cluster]
+        middle = median(counts)
+        for (c, node), count in per_node.items():
+            if (c,) == cluster and count < middle:
+                found.append(Evidence({"node": node, **({"cluster": c} if c else {})},
+                                      f"node {node} has {count} active RDMA ports, its "
+                                      f"cluster's median node {middle:.0f}", active_ports=count))
+    found += _rates_below_peers(view, {key(s, (*NIC_KEY, "port")) for s in active})
+    if found:
+        return suspect("an RDMA link is degrading or runs below its peers: replace the cable or "
+                       "optic, or find the missing or slow port", *found)
+    return ok("no symbol-error burst or link recovery; every node has its peers' active ports "
+              "and rates")
+
+
 BRANCH = BranchSpec(
     "health", "Node health", "Must a GPU or node be repaired, or is one of its links degrading?",
     (CheckSpec("xid_actions", "XIDs needing an SRE", xid_actions, ("GPUXidActionRequired",),
@@ -165,4 +217,6 @@ BRANCH = BranchSpec(
                ("pcie_busy_utilization", "pcie_nic_busy_bytes_per_second")),
      CheckSpec("link_errors", "Link errors against peers", link_errors,
                ("GPULinkErrorsAbovePeers",), ("link_error_peer_ratio",
-                                              "link_error_floor_per_second"))))
+                                              "link_error_floor_per_second")),
+     CheckSpec("rdma_links", "RDMA link quality", rdma_links, ("RDMALinkDegraded",),
+               ("rdma_symbol_errors_per_hour", "rdma_link_recovery_window"))))
