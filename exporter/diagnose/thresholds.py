@@ -72,6 +72,8 @@ class Thresholds:
     link_error_floor_per_second: float = 0.01
     rdma_symbol_errors_per_hour: float = 120
     rdma_link_recovery_window: str = "15m"
+    lemon_min_hours: float = 2
+    lemon_fleet_ratio: float = 5
 
     @classmethod
     def load(cls, path: str) -> Thresholds:

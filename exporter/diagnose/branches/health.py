@@ -17,6 +17,7 @@ from llmmon.diagnose.view import Sample, View, group, index, key
 
 GPU_KEY = ("cluster", "node", "uuid")
 NIC_KEY = ("cluster", "node", "device")
+LEMON = "node:llmmon_lemon_score:hours7d"
 RECOVERY = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
             4: "drain peer-to-peer traffic, then reset the GPU"}
 LINK_ERRORS = (("llmmon_gpu_nvlink_errors_total", 'type=~"crc_flit|crc_data|replay|recovery"',
@@ -206,6 +207,24 @@ def rdma_links(view: View, t: Thresholds) -> Outcome:
               "and rates")
 
 
+def lemon_nodes(view: View, t: Thresholds) -> Outcome:
+    scores = view.instant(LEMON)
+    if not scores:
+        return unknown("no lemon score (a Prometheus with the shipped rules records it)")
+    found = []
+    for members in group(scores, "cluster").values():
+        middle = median(s.value for s in members)
+        found += [Evidence(d.subject(s), f"{d.node(s)}: {s.value:.1f} alert-hours of hang "
+                           f"culprits, stragglers, XIDs and link flaps in 7 days (median node "
+                           f"{middle:.1f})", alert_hours=s.value)
+                  for s in members
+                  if s.value > t.lemon_min_hours and s.value > t.lemon_fleet_ratio * middle]
+    if found:
+        return suspect("a node fails or slows the jobs that land on it far more often than the "
+                       "fleet: pull it from the pool", *found)
+    return ok("no node stands out of its cluster's lemon scores")
+
+
 BRANCH = BranchSpec(
     "health", "Node health", "Must a GPU or node be repaired, or is one of its links degrading?",
     (CheckSpec("xid_actions", "XIDs needing an SRE", xid_actions, ("GPUXidActionRequired",),
@@ -219,4 +238,6 @@ BRANCH = BranchSpec(
                ("GPULinkErrorsAbovePeers",), ("link_error_peer_ratio",
                                               "link_error_floor_per_second")),
      CheckSpec("rdma_links", "RDMA link quality", rdma_links, ("RDMALinkDegraded",),
-               ("rdma_symbol_errors_per_hour", "rdma_link_recovery_window"))))
+               ("rdma_symbol_errors_per_hour", "rdma_link_recovery_window")),
+     CheckSpec("lemon_nodes", "Lemon nodes", lemon_nodes, ("LLMNodeLemon",),
+               ("lemon_min_hours", "lemon_fleet_ratio"))))
