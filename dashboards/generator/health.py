@@ -30,12 +30,16 @@ def memory_repair(**size):
     return timeseries(
         "Memory repair state", "Row remap pending (reset at the job boundary), row remap failed "
         "(RMA), the driver's recovery action (1 reset, 2 reboot, 3 drain P2P, 4 drain and "
-        "reset) and the rows remapped after uncorrectable errors.", units.Short,
+        "reset), the rows remapped after uncorrectable errors, and the NVSwitch fabric state "
+        "(GPUFabricUnhealthy below 3).", units.Short,
         Query(m("llmmon_gpu_row_remap_pending", "node", "gpu"), GPU + " remap pending"),
         Query(m("llmmon_gpu_row_remap_failure", "node", "gpu"), GPU + " remap failed"),
         Query(m("llmmon_gpu_recovery_action", "node", "gpu"), GPU + " recovery action"),
         Query(m("llmmon_gpu_remapped_rows", "node", "gpu", 'cause="uncorrectable"'),
               GPU + " rows remapped (uncorrectable)"),
+        Query(m("llmmon_gpu_fabric_state", "node", "gpu"), GPU + " fabric state (3 registered)"),
+        Query(m("llmmon_gpu_fabric_degraded_bandwidth", "node", "gpu"),
+              GPU + " fabric bandwidth degraded"),
         **size)
 
 

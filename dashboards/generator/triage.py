@@ -151,7 +151,7 @@ BRANCHES = (
     Branch("5. Node health: must a GPU or node be repaired, or is a link degrading?", (),
            ("GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
             "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
-            "RDMALinkDegraded", "LLMNodeLemon"),
+            "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy"),
            ((health.xid_actions, 5), (health.memory_repair, 5), (health.pcie_links, 5),
             (health.link_errors, 5), (health.rdma_link_quality, 24))),
     Branch("Monitoring coverage: can the evidence above be trusted?",

@@ -43,6 +43,11 @@ LABELS = ("gpu", "uuid")
 MHZ = 1e6
 
 
+FABRIC_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no NVSwitch fabric
+FABRIC_COMPLETED = 3
+DEGRADED_BW_SHIFT, DEGRADED_BW_WIDTH, DEGRADED_BW_TRUE, DEGRADED_BW_FALSE = 0, 0x3, 1, 2
+
+
 def _spec(name: str, kind: str, help_text: str, *extra: str) -> MetricSpec:
     return MetricSpec(name, kind, help_text, LABELS + extra)
 
@@ -138,6 +143,15 @@ NVLINK_ACTIVE = _spec("llmmon_gpu_nvlink_active_links", "gauge", "NVLinks in the
 RECOVERY_ACTION = _spec("llmmon_gpu_recovery_action", "gauge",
                         "Action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
                         "3 drain peer-to-peer, 4 drain and reset.")
+FABRIC_STATE = _spec("llmmon_gpu_fabric_state", "gauge",
+                     "GPU fabric (NVSwitch) registration: 1 not started, 2 in progress, "
+                     "3 completed (NVML GPU fabric info); absent without NVSwitch.")
+FABRIC_STATUS = _spec("llmmon_gpu_fabric_status", "gauge",
+                      "NVML return code of the fabric registration once completed: 0 success; "
+                      "anything else means the fabric manager rejected the GPU.")
+FABRIC_DEGRADED = _spec("llmmon_gpu_fabric_degraded_bandwidth", "gauge",
+                        "1 if the fabric reports degraded NVLink bandwidth for this GPU (health "
+                        "mask), 0 if not; absent where the driver does not say.")
 PEAK_FLOPS = _spec("llmmon_gpu_peak_flops", "gauge",
                    "Dense peak tensor FLOP/s of this GPU model by dtype (datasheet): the MFU "
                    "denominator.", "dtype")
@@ -224,6 +238,19 @@ GPM_METRICS = (
 NVLINK_ACTIVE_STATE = 1
 SAMPLER_STUCK_S = 2.0  # no sampler tick for this long (or 3 periods): its NVML read is blocked
 
+
+
+def fabric(info: dict[str, Any] | None) -> list[Sample]:
+    """The fabric series of one `fabric_info` answer (nvmlGpuFabricInfo_v2_t's fields)."""
+    if not info or info.get("state", FABRIC_NOT_SUPPORTED) == FABRIC_NOT_SUPPORTED:
+        return []
+    out: list[Sample] = [(FABRIC_STATE, (), float(info["state"]))]
+    if info["state"] == FABRIC_COMPLETED and "status" in info:
+        out.append((FABRIC_STATUS, (), float(info["status"])))
+    degraded = (int(info.get("healthMask", 0)) >> DEGRADED_BW_SHIFT) & DEGRADED_BW_WIDTH
+    if degraded in (DEGRADED_BW_TRUE, DEGRADED_BW_FALSE):
+        out.append((FABRIC_DEGRADED, (), float(degraded == DEGRADED_BW_TRUE)))
+    return out
 
 
 @dataclass
@@ -313,7 +340,8 @@ class GpuCollector(Collector):
              MEMORY_CONTROLLER, SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, MEMORY,
              ECC, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, PCIE_BYTES,
              PCIE_GENERATION, PCIE_MAX_GENERATION, PCIE_WIDTH, PCIE_MAX_WIDTH, NVLINK_BYTES,
-             NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, PEAK_FLOPS, XID_ERRORS, XID_LAST,
+             NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, FABRIC_STATE, FABRIC_STATUS,
+             FABRIC_DEGRADED, PEAK_FLOPS, XID_ERRORS, XID_LAST,
              XID_WATCHED, XID_ACTION, XID_KERNEL_LOG, XID_UNATTRIBUTED, PROCESS_INFO,
              PROCESS_MEMORY)
     options = (
@@ -489,6 +517,7 @@ class GpuCollector(Collector):
             if violation is not None:
                 reason = policy.removeprefix("NVML_PERF_POLICY_").lower()
                 out.append((THROTTLE, (reason,), violation["violationTime"] / 1e9))
+        out += fabric(reader.call("fabric_info"))
         states = [reader.call("nvlink", str(link), "state") for link in range(NVLINK_MAX_LINKS)]
         if any(state is not None for state in states):
             out.append((NVLINK_ACTIVE, (), sum(state == NVLINK_ACTIVE_STATE for state in states)))

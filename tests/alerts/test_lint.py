@@ -23,7 +23,7 @@ DESIGN_ALERTS = {
 HEALTH_ALERTS = {
     "GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
     "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
-    "RDMALinkDegraded", "LLMNodeLemon",
+    "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy",
 }
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {

@@ -18,6 +18,7 @@ from llmmon.diagnose.view import Sample, View, group, index, key
 GPU_KEY = ("cluster", "node", "uuid")
 NIC_KEY = ("cluster", "node", "device")
 LEMON = "node:llmmon_lemon_score:hours7d"
+FABRIC_COMPLETED = 3
 RECOVERY = {1: "reset the GPU", 2: "reboot the node", 3: "drain peer-to-peer traffic",
             4: "drain peer-to-peer traffic, then reset the GPU"}
 LINK_ERRORS = (("llmmon_gpu_nvlink_errors_total", 'type=~"crc_flit|crc_data|replay|recovery"',
@@ -207,6 +208,27 @@ def rdma_links(view: View, t: Thresholds) -> Outcome:
               "and rates")
 
 
+def fabric(view: View, t: Thresholds) -> Outcome:
+    states = view.instant("llmmon_gpu_fabric_state")
+    if not states:
+        return unknown("no GPU reports an NVSwitch fabric")
+    status = index(view.instant("llmmon_gpu_fabric_status"), *GPU_KEY)
+    found = []
+    for s in states:
+        code = status.get(key(s, GPU_KEY))
+        if s.value != FABRIC_COMPLETED or (code is not None and code.value != 0):
+            found.append(d.evidence(s, d.GPU, f"{d.gpu(s)}: fabric state {s.value:.0f}"
+                                    f"{f', status {code.value:.0f}' if code else ''} (3 with "
+                                    "status 0 is registered)", fabric_state=s.value))
+    found += [d.evidence(s, d.GPU, f"{d.gpu(s)}: the fabric reports degraded NVLink bandwidth",
+                         degraded_bandwidth=1.0)
+              for s in view.instant("llmmon_gpu_fabric_degraded_bandwidth") if s.value == 1]
+    if found:
+        return suspect("a GPU is not registered with its NVSwitch fabric, or the fabric is "
+                       "degraded: check nvidia-fabricmanager", *found)
+    return ok(f"{len(states)} GPUs registered with a healthy fabric")
+
+
 def lemon_nodes(view: View, t: Thresholds) -> Outcome:
     scores = view.instant(LEMON)
     if not scores:
@@ -239,5 +261,6 @@ BRANCH = BranchSpec(
                                               "link_error_floor_per_second")),
      CheckSpec("rdma_links", "RDMA link quality", rdma_links, ("RDMALinkDegraded",),
                ("rdma_symbol_errors_per_hour", "rdma_link_recovery_window")),
+     CheckSpec("fabric", "NVSwitch fabric", fabric, ("GPUFabricUnhealthy",)),
      CheckSpec("lemon_nodes", "Lemon nodes", lemon_nodes, ("LLMNodeLemon",),
                ("lemon_min_hours", "lemon_fleet_ratio"))))
