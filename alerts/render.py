@@ -29,7 +29,7 @@ CONFIG = ALERTS_DIR / "config.yaml"
 SOURCE_DIR = ALERTS_DIR / "source"
 RULES_DIR = ALERTS_DIR / "rules"
 ALERTS_DOC = ROOT / "docs" / "alerts.md"
-SOURCES = ("recording.yaml", "alerts.yaml")
+SOURCES = ("recording.yaml", "alerts.yaml", "health.yaml")
 
 PLACEHOLDER = re.compile(r"\$\{([a-z0-9_]+)\}")
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
-from dashboards.generator import limits
+from dashboards.generator import health, limits
 from dashboards.generator.common import build
 from dashboards.generator.panels import (
     Query,
@@ -292,6 +292,9 @@ def dashboard() -> dict:
                   clock_reasons(width=10), throttle_time(width=6),
                   row("GPU temperature, memory and errors"), temperature(**third),
                   gpu_memory(**third), utilisation(**third), gpu_errors(width=24, height=6),
+                  row("Node health"), health.xid_actions(**quarter),
+                  health.memory_repair(**quarter), health.pcie_links(**quarter),
+                  health.link_errors(**quarter), health.rdma_link_quality(width=24, height=6),
                   row("RDMA ports"), rdma_traffic(**third), rdma_loss(**third),
                   rdma_congestion(**third), port_state(**half, height=6),
                   link_flaps(**half, height=6),

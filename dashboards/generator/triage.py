@@ -15,7 +15,7 @@ from typing import Callable
 
 from grafana_foundation_sdk.models import units
 
-from dashboards.generator import job, limits, node
+from dashboards.generator import health, job, limits, node
 from dashboards.generator.common import build, dashboard_url, runbook
 from dashboards.generator.panels import (
     Query,
@@ -149,6 +149,12 @@ BRANCHES = (
             "RDMALinkDown", "RDMALinkFlapping"),
            ((rdma_vs_tcp, 7), (node.nic_paths, 7), (node.gpudirect, 6), (job.busbw, 6),
             (node.pfc_pause, 6), (node.rdma_congestion, 6), (job.straggler_score, 6))),
+    Branch("5. Node health: must a GPU or node be repaired, or is a link degrading?", (),
+           ("GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
+            "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
+            "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy"),
+           ((health.xid_actions, 5), (health.memory_repair, 5), (health.pcie_links, 5),
+            (health.link_errors, 5), (health.rdma_link_quality, 24))),
     Branch("Monitoring coverage: can the evidence above be trusted?",
            ("LLMMonReporterStale",), ("LLMMonExporterDown", "LLMMonCollectorFailing"),
            ((node.collector_health, 10), (report_age, 10))),

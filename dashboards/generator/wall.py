@@ -113,7 +113,7 @@ def _bottom():
         timeseries("RDMA throughput per node (tx + rx)",
                    "RDMA traffic of each node. All nodes falling to zero together with cold "
                    "GPUs is a hang; one node far below its peers points at its links or NICs.",
-                   units.BytesPerSecondSI, Query(rdma, "{{node}}"), width=10,
+                   units.BytesPerSecondSI, Query(rdma, "{{node}}"), width=6,
                    height=BOTTOM_HEIGHT,
                    data_links=[link("Node ${__field.labels.node}",
                                     dashboard_url("node", node="${__field.labels.node}"))]),
@@ -123,6 +123,14 @@ def _bottom():
                    height=BOTTOM_HEIGHT, steps=MFU_STEPS, min_value=0,
                    data_links=[link("Job ${__field.labels.job_id}",
                                     dashboard_url("job", job_id="${__field.labels.job_id}"))]),
+        table("Lemon nodes", "Alert-hours over 7 days, across jobs, of hang culprits, "
+              "stragglers, XIDs needing an SRE and link flaps per node: the nodes to pull from "
+              "the pool (LLMNodeLemon when far above the fleet).",
+              Query(f"topk(10, {m('node:llmmon_lemon_score:hours7d')} > 0)"),
+              columns=("node", "Value"), renames={"Value": "alert-hours"}, width=4,
+              height=BOTTOM_HEIGHT, sort_by="alert-hours",
+              data_links=[link("Node ${__data.fields.node}",
+                               dashboard_url("node", node="${__data.fields.node}"))]),
         table("Firing alerts", "Alerts firing now, most severe first; the triage dashboard "
               "groups them by decision-tree branch.",
               Query(f"max by (cluster, alertname, severity, job_id, node) "

@@ -12,6 +12,7 @@ support leaves its series out.  No NVML on the node means nothing to watch, not 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -23,6 +24,8 @@ from llmmon.gpu.clock_events import decompose
 from llmmon.gpu.peak_flops import peak_flops
 from llmmon.gpu.power import PowerSampler
 from llmmon.gpu.xid import XidWatcher
+from llmmon.gpu.xid_catalog import action
+from llmmon.gpu.xid_history import XidHistory, history, pci_key
 from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.sources.nvml import (
@@ -33,10 +36,16 @@ from llmmon.sources.nvml import (
     NvmlSource,
     NvmlUnavailable,
 )
+from llmmon.sources.kmsg import KmsgError, read_kmsg
 from llmmon.sources.nvml_open import open_nvml
 
 LABELS = ("gpu", "uuid")
 MHZ = 1e6
+
+
+FABRIC_NOT_SUPPORTED = 0  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no NVSwitch fabric
+FABRIC_COMPLETED = 3
+DEGRADED_BW_SHIFT, DEGRADED_BW_WIDTH, DEGRADED_BW_TRUE, DEGRADED_BW_FALSE = 0, 0x3, 1, 2
 
 
 def _spec(name: str, kind: str, help_text: str, *extra: str) -> MetricSpec:
@@ -134,14 +143,35 @@ NVLINK_ACTIVE = _spec("llmmon_gpu_nvlink_active_links", "gauge", "NVLinks in the
 RECOVERY_ACTION = _spec("llmmon_gpu_recovery_action", "gauge",
                         "Action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
                         "3 drain peer-to-peer, 4 drain and reset.")
+FABRIC_STATE = _spec("llmmon_gpu_fabric_state", "gauge",
+                     "GPU fabric (NVSwitch) registration: 1 not started, 2 in progress, "
+                     "3 completed (NVML GPU fabric info); absent without NVSwitch.")
+FABRIC_STATUS = _spec("llmmon_gpu_fabric_status", "gauge",
+                      "NVML return code of the fabric registration once completed: 0 success; "
+                      "anything else means the fabric manager rejected the GPU.")
+FABRIC_DEGRADED = _spec("llmmon_gpu_fabric_degraded_bandwidth", "gauge",
+                        "1 if the fabric reports degraded NVLink bandwidth for this GPU (health "
+                        "mask), 0 if not; absent where the driver does not say.")
 PEAK_FLOPS = _spec("llmmon_gpu_peak_flops", "gauge",
                    "Dense peak tensor FLOP/s of this GPU model by dtype (datasheet): the MFU "
                    "denominator.", "dtype")
 XID_ERRORS = _spec("llmmon_gpu_xid_errors_total", "counter",
-                   "XID critical-error events, every one counted.", "xid")
+                   "XID critical-error events, every one counted; at start, the XIDs the "
+                   "kernel log holds from before (see llmmon_gpu_xid_kernel_log_read).", "xid")
 XID_LAST = _spec("llmmon_gpu_xid_last_timestamp_seconds", "gauge",
                  "When the last event of this XID arrived (increase() misses a first event; "
                  "alert on this too).", "xid")
+XID_ACTION = MetricSpec("llmmon_gpu_xid_action_info", "info",
+                        "What an XID seen on this node asks for, after NVIDIA's XID catalogue: "
+                        "reset_gpu, reboot_node, rma, check_application, none or unknown; "
+                        "value 1. Join on xid.", ("xid", "action"))
+XID_KERNEL_LOG = MetricSpec("llmmon_gpu_xid_kernel_log_read", "gauge",
+                            "1 if the kernel log was read at start, so XIDs from before the "
+                            "daemon started are in llmmon_gpu_xid_errors_total; 0 if it could "
+                            "not be read (see the log).")
+XID_UNATTRIBUTED = MetricSpec("llmmon_gpu_xid_unattributed_errors", "gauge",
+                              "XIDs in the kernel log at start whose PCI address no GPU "
+                              "answered at (a GPU fallen off the bus).", ("pci_bus_id", "xid"))
 XID_WATCHED = _spec("llmmon_gpu_xid_watched", "gauge",
                     "1 if this GPU is registered for XID events.")
 PROCESS_INFO = _spec("llmmon_gpu_process_info", "info",
@@ -208,6 +238,19 @@ GPM_METRICS = (
 NVLINK_ACTIVE_STATE = 1
 SAMPLER_STUCK_S = 2.0  # no sampler tick for this long (or 3 periods): its NVML read is blocked
 
+
+
+def fabric(info: dict[str, Any] | None) -> list[Sample]:
+    """The fabric series of one `fabric_info` answer (nvmlGpuFabricInfo_v2_t's fields)."""
+    if not info or info.get("state", FABRIC_NOT_SUPPORTED) == FABRIC_NOT_SUPPORTED:
+        return []
+    out: list[Sample] = [(FABRIC_STATE, (), float(info["state"]))]
+    if info["state"] == FABRIC_COMPLETED and "status" in info:
+        out.append((FABRIC_STATUS, (), float(info["status"])))
+    degraded = (int(info.get("healthMask", 0)) >> DEGRADED_BW_SHIFT) & DEGRADED_BW_WIDTH
+    if degraded in (DEGRADED_BW_TRUE, DEGRADED_BW_FALSE):
+        out.append((FABRIC_DEGRADED, (), float(degraded == DEGRADED_BW_TRUE)))
+    return out
 
 
 @dataclass
@@ -297,8 +340,10 @@ class GpuCollector(Collector):
              MEMORY_CONTROLLER, SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, MEMORY,
              ECC, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, PCIE_BYTES,
              PCIE_GENERATION, PCIE_MAX_GENERATION, PCIE_WIDTH, PCIE_MAX_WIDTH, NVLINK_BYTES,
-             NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, PEAK_FLOPS, XID_ERRORS, XID_LAST,
-             XID_WATCHED, PROCESS_INFO, PROCESS_MEMORY)
+             NVLINK_ERRORS, NVLINK_ACTIVE, RECOVERY_ACTION, FABRIC_STATE, FABRIC_STATUS,
+             FABRIC_DEGRADED, PEAK_FLOPS, XID_ERRORS, XID_LAST,
+             XID_WATCHED, XID_ACTION, XID_KERNEL_LOG, XID_UNATTRIBUTED, PROCESS_INFO,
+             PROCESS_MEMORY)
     options = (
         Option("power_sample_rate", "float", 20.0,
                "Instant power reads per second of every GPU (one thread for all GPUs).",
@@ -320,6 +365,9 @@ class GpuCollector(Collector):
                "Also export llmmon_gpu_power_limit_bound_watts (the min, max and default "
                "power limit the driver allows: 3 static series per GPU that no shipped rule "
                "or dashboard reads; llmmon_gpu_power_limit_watts is always exported)."),
+        Option("kmsg_path", "str", "/dev/kmsg",
+               "Kernel log read once at start for the XIDs logged before the daemon started "
+               "(needs CAP_SYSLOG where dmesg_restrict is set); empty skips it.", metavar="PATH"),
     )
     interval = 5.0
     timeout = 4.0
@@ -333,6 +381,8 @@ class GpuCollector(Collector):
         self._gpus: list[_Gpu] = []
         self._system: tuple[str, str] | None = None
         self._next_slow = 0.0
+        self._history: XidHistory | None = None
+        self._kmsg_read: float | None = None
         self._order = {spec: n for n, spec in enumerate(self.specs)}
 
     def start(self) -> None:
@@ -363,8 +413,11 @@ class GpuCollector(Collector):
         samples: list[Sample] = []
         for gpu in self._gpus:
             samples += self._collect_gpu(gpu, ctx, slow_due)
+        if self._history is None:  # before the event set exists: nothing counted twice
+            self._read_history(ctx)
         self.xid.watch([gpu.index for gpu in self._gpus if gpu.info is not None])
         self._check_power_sampler(ctx)
+        samples += self._xid_samples()
         samples.sort(key=lambda sample: self._order[sample[0]])
         for spec, labels, value in samples:
             families.add(spec, labels, value)
@@ -474,12 +527,13 @@ class GpuCollector(Collector):
             if violation is not None:
                 reason = policy.removeprefix("NVML_PERF_POLICY_").lower()
                 out.append((THROTTLE, (reason,), violation["violationTime"] / 1e9))
+        out += fabric(reader.call("fabric_info"))
         states = [reader.call("nvlink", str(link), "state") for link in range(NVLINK_MAX_LINKS)]
         if any(state is not None for state in states):
             out.append((NVLINK_ACTIVE, (), sum(state == NVLINK_ACTIVE_STATE for state in states)))
 
     def _from_threads(self, gpu: _Gpu) -> list[Sample]:
-        """The power window and XID counts the background threads gathered for `gpu`."""
+        """The power window the sampler thread gathered for `gpu`."""
         out: list[Sample] = []
         window = self.power.take(gpu.index)
         if window is not None:
@@ -492,11 +546,46 @@ class GpuCollector(Collector):
             if window.dips_total is not None:
                 out += [(POWER_DIPS, gpu.labels, window.dips_total),
                         (POWER_LOW, gpu.labels, window.low_seconds_total)]
-        out.append((XID_WATCHED, gpu.labels, 1.0 if gpu.index in self.xid.watched else 0.0))
-        for (index, xid), (count, last) in sorted(self.xid.counts().items()):
-            if index == gpu.index:
-                out += [(XID_ERRORS, gpu.labels + (str(xid),), count),
-                        (XID_LAST, gpu.labels + (str(xid),), last)]
+        return out
+
+    def _read_history(self, ctx: Context) -> None:
+        """Seed the XID counts from the kernel log, once, on the GPUs' PCI addresses."""
+        self._history = XidHistory(Counter(), {})
+        path = self.config["kmsg_path"]
+        if not path:
+            return
+        try:
+            self._history = history(read_kmsg(path))
+        except KmsgError as exc:
+            self._kmsg_read = 0.0
+            ctx.error("kmsg", f"XIDs from before the start are not counted: {exc}")
+            return
+        self._kmsg_read = 1.0
+        by_pci = {pci_key(gpu.info[1]): gpu.index for gpu in self._gpus
+                  if gpu.info is not None and gpu.info[1]}
+        for (pci, xid), count in list(self._history.counts.items()):
+            if pci in by_pci:
+                self.xid.seed(by_pci[pci], xid, count, self._history.last[(pci, xid)])
+                del self._history.counts[(pci, xid)]
+
+    def _xid_samples(self) -> list[Sample]:
+        """XID counts of the GPUs that answer; the kernel-log read, unattributed XIDs, and
+        the action of each code seen."""
+        out: list[Sample] = []
+        counts = self.xid.counts()
+        for gpu in (g for g in self._gpus if g.up and g.info is not None):
+            out.append((XID_WATCHED, gpu.labels, 1.0 if gpu.index in self.xid.watched else 0.0))
+            for (index, xid), (count, last) in sorted(counts.items()):
+                if index == gpu.index:
+                    out += [(XID_ERRORS, gpu.labels + (str(xid),), count),
+                            (XID_LAST, gpu.labels + (str(xid),), last)]
+        if self._kmsg_read is not None:
+            out.append((XID_KERNEL_LOG, (), self._kmsg_read))
+        assert self._history is not None
+        for (pci, xid), count in sorted(self._history.counts.items()):
+            out.append((XID_UNATTRIBUTED, (pci, str(xid)), count))
+        codes = {xid for _, xid in counts} | {xid for _, xid in self._history.counts}
+        out += [(XID_ACTION, (str(xid), action(xid)), 1.0) for xid in sorted(codes)]
         return out
 
     def _check_power_sampler(self, ctx: Context) -> None:

@@ -57,6 +57,22 @@ UP = MetricSpec(
 RATE = MetricSpec(
     "llmmon_rdma_port_rate_bytes_per_second", "gauge",
     "Negotiated port rate (the `rate` file, e.g. 400 Gb/sec = 5e10 bytes/s).", PORT)
+PCIE_LINK = {
+    "current_link_speed": MetricSpec(
+        "llmmon_rdma_device_pcie_link_generation", "gauge",
+        "Current PCIe link generation of the RDMA device's PCI function (current_link_speed: "
+        "2.5 GT/s = 1 ... 64 GT/s = 6); absent while the link speed is Unknown.", ("device",)),
+    "max_link_speed": MetricSpec(
+        "llmmon_rdma_device_pcie_link_max_generation", "gauge",
+        "Maximum PCIe link generation of the device (max_link_speed).", ("device",)),
+    "current_link_width": MetricSpec(
+        "llmmon_rdma_device_pcie_link_width", "gauge",
+        "Current PCIe link width in lanes (current_link_width).", ("device",)),
+    "max_link_width": MetricSpec(
+        "llmmon_rdma_device_pcie_link_max_width", "gauge",
+        "Maximum PCIe link width (max_link_width); below it the link trained down.",
+        ("device",)),
+}
 LIFESPAN = MetricSpec(
     "llmmon_rdma_hw_counters_lifespan_seconds", "gauge",
     "How long the kernel caches hw_counters reads (hw_counters/lifespan).", PORT)
@@ -185,7 +201,7 @@ class RdmaCollector(Collector):
     name = "rdma"
     description = ("RDMA ports (InfiniBand and RoCE) from /sys/class/infiniband: state, rate, "
                    "traffic, error, retransmit and congestion counters.")
-    specs = (INFO, STATE, PHYSICAL_STATE, UP, RATE, LIFESPAN) + tuple(
+    specs = (INFO, STATE, PHYSICAL_STATE, UP, RATE, *PCIE_LINK.values(), LIFESPAN) + tuple(
         dict.fromkeys(f.spec for f in COUNTERS + HW_COUNTERS)) + (OTHER,)
     options = filter_options(
         "RDMA devices", exclude_help="RDMA devices to skip without reading any of their files "
@@ -228,6 +244,8 @@ class RdmaCollector(Collector):
         where = pci.locate(sysfs, infiniband.CLASS, device, "device")
         address = where.address if where else ""
         numa = str(pci.numa_node(sysfs, infiniband.CLASS, device, "device")) if where else ""
+        if where:
+            self._pcie_link(ctx, families, device)
         ports = infiniband.ports(sysfs, device)
         for port in ports:
             labels = (device, port)
@@ -237,6 +255,15 @@ class RdmaCollector(Collector):
                 hca_type, firmware, board), 1)
             self._port(ctx, families, labels, ethernet=link_layer == "Ethernet")
         return len(ports)
+
+    def _pcie_link(self, ctx: Context, families: Families, device: str) -> None:
+        try:
+            values = pci.link(self.env.sysfs, infiniband.CLASS, device, "device")
+        except SourceError as exc:
+            ctx.error(f"{device}/pcie_link", str(exc))
+            return
+        for name, value in values.items():
+            families.add(PCIE_LINK[name], (device,), value)
 
     def _port(self, ctx: Context, families: Families, labels: tuple[str, str],
               ethernet: bool) -> None:

@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context, Environment
 from llmmon.metrics import Families, MetricSpec
+from llmmon.network import dmabuf
 from llmmon.options import Option
 from llmmon.sources import infiniband, pci
 from llmmon.sources.nvml import NvmlError, NvmlUnavailable, list_gpus
@@ -41,6 +42,11 @@ GPUDIRECT = MetricSpec(
     "llmmon_gpudirect_rdma_enabled", "gauge",
     "1 if a GPUDirect RDMA peer-memory module (nvidia_peermem, legacy nv_peer_mem) is loaded; "
     "exported when the node has both NVIDIA GPUs and RDMA devices.")
+DMABUF = MetricSpec(
+    "llmmon_gpudirect_dmabuf_supported", "gauge",
+    "1 if GPUDirect RDMA can go through DMA-BUF without a peer-memory module: Linux 5.12 or "
+    "newer and NVIDIA's open GPU kernel module (procfs sys/kernel/osrelease, "
+    "driver/nvidia/version); exported with llmmon_gpudirect_rdma_enabled.")
 
 
 def classify(gpu: PciPath, gpu_numa: int, nic: PciPath, nic_numa: int) -> tuple[str, int]:
@@ -74,7 +80,7 @@ class TopologyCollector(Collector):
     name = "topology"
     description = ("GPU-to-RDMA-NIC PCIe placement (PIX/PXB/PHB/NODE/SYS), nearest NIC per "
                    "GPU and GPUDirect RDMA (nvidia_peermem).")
-    specs = (AFFINITY, NEAREST, GPUDIRECT)
+    specs = (AFFINITY, NEAREST, GPUDIRECT, DMABUF)
     options = (
         Option("nvml", "bool", True,
                "Name GPUs through NVML (index and uuid); off: PCI bus order and no uuid."),
@@ -117,6 +123,7 @@ class TopologyCollector(Collector):
             families.add(NEAREST, gpu_labels + (nic, netdev, distances[gpu][nic][0]), 1)
         loaded = any(sysfs.exists("module", m) for m in PEER_MEMORY_MODULES)
         families.add(GPUDIRECT, (), int(loaded))
+        families.add(DMABUF, (), int(dmabuf.supported(self.env.procfs)))
         return families
 
     def _gpu_names(self, ctx: Context, addresses: list[str]) -> dict[str, tuple[str, str]]:

@@ -64,6 +64,16 @@ class Thresholds:
     straggler_collectives: str = ".*(all_?reduce|all_?gather|reduce_scatter).*"
     straggler_score: float = 0.3
     straggler_enqueue_lag_seconds: float = 0.01
+    xid_action_window_seconds: float = 3600
+    xid_paged_actions: tuple[str, ...] = ("reset_gpu", "reboot_node", "rma")
+    pcie_busy_utilization: float = 0.5
+    pcie_nic_busy_bytes_per_second: float = 100_000_000
+    link_error_peer_ratio: float = 10
+    link_error_floor_per_second: float = 0.01
+    rdma_symbol_errors_per_hour: float = 120
+    rdma_link_recovery_window: str = "15m"
+    lemon_min_hours: float = 2
+    lemon_fleet_ratio: float = 5
 
     @classmethod
     def load(cls, path: str) -> Thresholds:

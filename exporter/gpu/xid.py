@@ -44,6 +44,12 @@ class XidWatcher:
         """GPUs registered for XID events (those whose driver supports them)."""
         return self._watched
 
+    def seed(self, gpu: int, xid: int, count: int, last: float) -> None:
+        """Add `count` events that happened before the event set existed (the kernel log)."""
+        with self._lock:
+            seen, latest = self._counts.get((gpu, xid), (0, 0.0))
+            self._counts[(gpu, xid)] = (seen + count, max(latest, last))
+
     def counts(self) -> dict[tuple[int, int], tuple[int, float]]:
         """(gpu, xid) -> (events so far, wall-clock time of the last one)."""
         with self._lock:

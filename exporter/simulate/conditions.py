@@ -28,6 +28,9 @@ class GpuCondition:
     sm_clock_mhz: int | None = None  # None: what the load implies
     temperature_offset: float = 0.0
     xids: list[int] = field(default_factory=list)
+    pcie_link: tuple[int, int] | None = None  # (generation, width) when trained down
+    nvlink_errors: float = 0.0  # NVLink CRC flit errors per second (replays a fifth of it)
+    uncorrectable: int = 0  # uncorrectable ECC errors since the driver loaded, remap pending
 
 
 @dataclass

@@ -28,6 +28,7 @@ HEALTHY_CNP = 12.0  # per second: DCQCN doing its job on a tuned fabric
 HEALTHY_DISK = DiskCondition(reads=1200.0, read_bytes=1200 * 256e3, read_latency=0.00025,
                              busy=0.3, queue=0.35)
 IDLE_DISK = DiskCondition(reads=0.2, read_bytes=50e3, busy=0.001, queue=0.0)
+KMSG_BOOT = "6,0,0,-;Linux version 6.8.0-llmmon-sim (simulated node)\n"
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,17 @@ class NodePaths:
     def spool(self) -> Path:
         return self.root / "spool"
 
+    @property
+    def kmsg(self) -> Path:
+        return self.root / "kmsg"
+
     def serve_args(self) -> list[str]:
         return [f"--path.sysfs={self.sysfs}", f"--path.procfs={self.procfs}",
                 f"--fake-nvml={self.nvml}", f"--ethtool.dumps={self.ethtool}",
                 f"--netlink.dump={self.netlink}", f"--spool.dir={self.spool}",
                 f"--collector.ranks.fr-dir={self.root / 'fr'}",
-                f"--collector.ranks.pipe-dir={self.root / 'frpipe'}"]
+                f"--collector.ranks.pipe-dir={self.root / 'frpipe'}",
+                f"--collector.gpu.kmsg-path={self.kmsg}"]
 
 
 def _hex(*parts: object, length: int) -> str:
@@ -86,6 +92,7 @@ class NodeSim:
         self.pressure = proc_files.Pressure()
         self.spool = SpoolWriter(str(self.paths.spool), layout.name, entries_interval)
         sysfs_files.build(self.sysfs, layout)
+        self.top.write("kmsg", KMSG_BOOT)  # the node's kernel log: no XID before the start
         # procfs's self/ (the simulated proc has no processes of its own to point it at)
         for directory in (self.paths.spool, root / "fr", root / "frpipe",
                           self.paths.procfs / "self"):

@@ -34,6 +34,11 @@ PERIOD = TRACE["period_s"]
 NO_CONTEXT_MW = 81_000  # the capture's idle power before any process opened the GPU
 GPU_IS_LOST = 15
 NVLINKS = 18  # NVLink 4 links of an H200 SXM
+PCIE_MAX = (5, 16)  # the capture's Gen5 x16 (pcie_max_gen, pcie_max_width)
+# The H200 capture's driver answers these Not Supported; the simulator models a driver that
+# counts them, so the peer comparison of alerts/source/health.yaml has inputs.
+NVLINK_ERROR_FIELDS = {"NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "nvlink_crc",
+                       "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "nvlink_replay"}
 THERMAL_POLICY = "NVML_PERF_POLICY_THERMAL"
 POWER_POLICY = "NVML_PERF_POLICY_POWER"
 IDLE_POLICY = "NVML_PERF_POLICY_LOW_UTILIZATION"
@@ -105,6 +110,7 @@ class GpuFiles:
         reasons |= cond.clock_reasons
         if cond.sm_clock_mhz is not None:
             sm_mhz = cond.sm_clock_mhz
+
         target = 30 + 0.045 * average_mw / 1000 + cond.temperature_offset
         previous = target if self.temperature is None else self.temperature
         temperature = previous + (target - previous) * min(1.0, seconds / 20)
@@ -118,6 +124,8 @@ class GpuFiles:
         self.counters.advance(key + "pcie_tx", 3e8 if busy else 1e5, seconds)
         self.counters.advance(key + "pcie_rx", 1.5e9 if busy else 1e5, seconds)
         self.counters.advance(key + "nvlink", 6e9 / 1024 if busy else 0.0, seconds)
+        self.counters.advance(key + "nvlink_crc", cond.nvlink_errors, seconds)
+        self.counters.advance(key + "nvlink_replay", cond.nvlink_errors / 5, seconds)
         return self._document(cond, process, instants, average_mw, sm_mhz, reasons,
                               temperature)
 
@@ -140,6 +148,8 @@ class GpuFiles:
                                 "free": free}),
             memory_info=_ok({"total": self._memory_total, "free": free,
                              "used": used + self._driver_reserved}),
+            pcie_gen=_ok(cond.pcie_link[0] if cond.pcie_link else PCIE_MAX[0]),
+            pcie_width=_ok(cond.pcie_link[1] if cond.pcie_link else PCIE_MAX[1]),
             compute_procs=_ok([{"pid": process.pid, "usedGpuMemory": used,
                                 "gpuInstanceId": 4294967295, "computeInstanceId": 4294967295}]
                               if process else []))
@@ -157,6 +167,13 @@ class GpuFiles:
                             ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", self.counters[key + "nvlink"])):
             if name in fields:
                 fields[name] = {**fields[name], "value": value}
+        for name, value in (("NVML_FI_DEV_ECC_DBE_VOL_TOTAL", cond.uncorrectable),
+                            ("NVML_FI_DEV_ECC_DBE_AGG_TOTAL", cond.uncorrectable),
+                            ("NVML_FI_DEV_REMAPPED_UNC", cond.uncorrectable),
+                            ("NVML_FI_DEV_REMAPPED_PENDING", int(cond.uncorrectable > 0))):
+            fields[name] = {**fields[name], "value": value}
+        for name, counter in NVLINK_ERROR_FIELDS.items():
+            fields[name] = {"id": 0, "ret": 0, "type": 1, "value": self.counters[key + counter]}
         instant = fields["NVML_FI_DEV_POWER_INSTANT"]
         fields["NVML_FI_DEV_POWER_INSTANT"] = {
             "sequence": [{**instant, "value": mw} for mw in instants]}

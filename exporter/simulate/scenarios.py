@@ -248,6 +248,46 @@ class GpuLost(Scenario):
             gpu.load = "lost"
 
 
+class PcieDowntrain(Scenario):
+    name = "pcie-downtrain"
+    help = ("One busy GPU's (`gpu=`, default 1) PCIe link trains down to Gen`generation` "
+            "x`width` (of Gen5 x16), as after a bad reseat or a failing riser.")
+    alerts = ("PCIeLinkDowntrained",)
+    defaults = {"gpu": 1, "generation": 4, "width": 8}
+
+    def condition(self, node: NodeCondition, tick: Tick) -> None:
+        node.gpus[self.gpu].pcie_link = (int(self.params["generation"]),
+                                         int(self.params["width"]))
+
+
+class RowRemap(Scenario):
+    name = "row-remap"
+    help = ("After `after` s one GPU (`gpu=`, default 4) hits an uncorrectable ECC error: XID "
+            "48 and 63, the uncorrectable counts go to 1 and a row remap waits for the next "
+            "GPU reset.")
+    alerts = ("GPUEccUncorrectable", "GPUXidActionRequired", "GPUXidError")
+    defaults = {"gpu": 4, "after": 0.0}
+
+    def condition(self, node: NodeCondition, tick: Tick) -> None:
+        gpu = node.gpus[self.gpu]
+        if tick.crossed(self.params["after"]):
+            gpu.xids += [48, 63]
+        if tick.elapsed >= self.params["after"]:
+            gpu.uncorrectable = 1
+
+
+class NvlinkDegrading(Scenario):
+    name = "nvlink-degrading"
+    help = ("One GPU's (`gpu=`, default 3) NVLinks count `rate` CRC errors a second (and a "
+            "fifth as many replays) while its peers count none.")
+    alerts = ("GPULinkErrorsAbovePeers",)
+    defaults = {"gpu": 3, "rate": 5.0}
+
+    def condition(self, node: NodeCondition, tick: Tick) -> None:
+        node.gpus[self.gpu].nvlink_errors = self.params["rate"]
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls for cls in (Healthy, Starvation, Hang, Straggler, Thermal, PfcStorm, Oom,
-                              Fp16, LinkFlap, GpuLost)}
+                              Fp16, LinkFlap, GpuLost, PcieDowntrain, RowRemap,
+                              NvlinkDegrading)}

@@ -51,7 +51,7 @@ DEVICE_CALLS = (
     "ecc_vol_uncorrected", "ecc_agg_corrected", "ecc_agg_uncorrected", "remapped_rows",
     "retired_pages_sbe", "pcie_tx_kbps", "pcie_rx_kbps", "pcie_replay", "pcie_gen",
     "pcie_width", "pcie_max_gen", "pcie_max_width", "fan", "mig_mode", "compute_procs",
-    "supported_event_types", "gpm_support", "memory_info_v2",
+    "supported_event_types", "gpm_support", "memory_info_v2", "fabric_info",
 )
 SYSTEM_CALLS = ("driver", "nvml", "cuda_driver", "count")
 # `violation_status/<policy>`: time clocks were held down by each perf policy, in ns.

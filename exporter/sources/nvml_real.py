@@ -53,6 +53,13 @@ def plain(value: Any) -> Any:
 
 def _device_calls(nv: Any) -> dict[str, Callable[..., Any]]:
     """Snapshot name -> call on a device handle; names and shapes as in the H200 capture."""
+    def fabric_info(handle: Any) -> Any:
+        """nvmlDeviceGetGpuFabricInfoV with the v2 struct: state, status and healthMask."""
+        info = nv.c_nvmlGpuFabricInfo_v2_t()
+        info.version = nv.nvmlGpuFabricInfo_v2
+        nv.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        return info
+
     def threshold(kind: str) -> Callable[[Any], Any]:
         return lambda h: nv.nvmlDeviceGetTemperatureThreshold(
             h, getattr(nv, f"NVML_TEMPERATURE_THRESHOLD_{kind}"))
@@ -132,6 +139,7 @@ def _device_calls(nv: Any) -> dict[str, Callable[..., Any]]:
         "violation_status": lambda h, policy: nv.nvmlDeviceGetViolationStatus(
             h, getattr(nv, policy)),
         "nvlink": nvlink,
+        "fabric_info": fabric_info,
     }
 
 

@@ -42,6 +42,36 @@ def locate(sysfs: RootedFS, *parts: str) -> PciPath | None:
     return PciPath(segments[0], chain)
 
 
+# current_link_speed / max_link_speed as the kernel prints them (PCIE_SPEED2STR) -> generation.
+_GENERATIONS = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+LINK_FILES = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
+
+
+def parse_link_speed(text: str) -> int | None:
+    """`32.0 GT/s PCIe` -> 5; None for `Unknown` (link down) and speeds no generation has."""
+    return _GENERATIONS.get(text.split(" ", 1)[0])
+
+
+def link(sysfs: RootedFS, *device: str) -> dict[str, int]:
+    """The PCIe link files of a device that are present and known: each LINK_FILES name ->
+    generation (speeds) or lanes (widths).  Raises SourceError on a file that cannot be read
+    or parsed; a device without these files (virtual functions) yields {}."""
+    values = {}
+    for name in LINK_FILES:
+        if not sysfs.exists(*device, name):
+            continue
+        text = sysfs.read_value(*device, name)
+        if name.endswith("speed"):
+            generation = parse_link_speed(text)
+            if generation is not None:
+                values[name] = generation
+        elif text.isdigit():
+            values[name] = int(text)
+        else:
+            raise SourceError(f"{sysfs.path(*device, name)}: not a link width: {text[:40]!r}")
+    return values
+
+
 def numa_node(sysfs: RootedFS, *device: str) -> int:
     """NUMA node of the device at that sysfs path; -1 when the platform does not say."""
     try:

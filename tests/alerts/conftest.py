@@ -18,7 +18,8 @@ def rendered() -> render.Rendered:
 
 @pytest.fixture(scope="session")
 def alert_rules(rendered: render.Rendered) -> list[dict]:
-    return [rule for group in rendered.files["alerts.yaml"]["groups"] for rule in group["rules"]]
+    return [rule for content in rendered.files.values() for group in content["groups"]
+            for rule in group["rules"] if "alert" in rule]
 
 
 @pytest.fixture(scope="session")

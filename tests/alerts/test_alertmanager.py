@@ -25,7 +25,7 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_config_is_valid() -> None:
     result = _amtool("check-config", str(ALERTMANAGER_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " - 6 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
+    assert " - 7 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
 
 
 @pytest.mark.parametrize("labels, receiver", [
@@ -137,6 +137,9 @@ SOURCES = {
             "rank": "5", "node": "node-b"},
     "hwthermal": {"alertname": "GPUThermalThrottle", "severity": "critical", "cluster": "c1",
                   "node": "node-d", "gpu": "1", "uuid": "GPU-d1", "reason": "hw_thermal_slowdown"},
+    "xidaction": {"alertname": "GPUXidActionRequired", "severity": "critical", "cluster": "c1",
+                  "node": "node-e", "gpu": "2", "uuid": "GPU-e2", "xid": "48",
+                  "action": "reset_gpu"},
 }
 MUTED = {  # target -> (labels, the source that mutes it)
     "straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning", "reason": "collective_time",
@@ -167,6 +170,8 @@ MUTED = {  # target -> (labels, the source that mutes it)
                        "job_id": "llama", "rank": "5", "node": "node-b"}, "oom"),
     "swthermal": ({"alertname": "GPUThermalThrottle", "severity": "warning", "cluster": "c1", "node": "node-d",
                    "gpu": "1", "uuid": "GPU-d1", "reason": "sw_thermal_slowdown"}, "hwthermal"),
+    "xid-generic": ({"alertname": "GPUXidError", "severity": "critical", "cluster": "c1",
+                     "node": "node-e", "gpu": "2", "uuid": "GPU-e2", "xid": "48"}, "xidaction"),
 }
 ACTIVE = {
     "other-job": {"alertname": "LLMTrainingStraggler", "severity": "warning", "cluster": "c1",
@@ -183,6 +188,8 @@ ACTIVE = {
                    "node": "node-d", "collector": "gpu"},
     "other-rank": {"alertname": "GPUMemoryOOMRisk", "severity": "warning", "reason": "reserved_near_capacity",
                    "cluster": "c1", "job_id": "llama", "rank": "6", "node": "node-b", "uuid": "GPU-b6"},
+    "other-xid": {"alertname": "GPUXidError", "severity": "critical", "cluster": "c1", "node": "node-e",
+                  "gpu": "2", "uuid": "GPU-e2", "xid": "79"},
     "other-name": {"alertname": "GPUXidError", "severity": "warning", "cluster": "c1", "node": "node-d",
                    "gpu": "1", "uuid": "GPU-d1", "xid": "13"},
 }

@@ -15,6 +15,12 @@ from tests.conftest import markdown_sections
 # paragraph), which this checks against the shipped rules.
 DESIGN_ALERTS = set(re.findall(r"`(\w+)`", markdown_sections(
     render.ROOT / "docs" / "design.md")["alert-names"].strip().split("\n\n")[-1]))
+# Node health (issue 17, alerts/source/health.yaml): repair and fail-slow verdicts.
+HEALTH_ALERTS = {
+    "GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
+    "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
+    "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy",
+}
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {
     "job_id:llmmon_training_mfu:ratio",
@@ -49,7 +55,7 @@ def _runbook_sections() -> dict[str, str]:
 
 
 def test_alert_names_are_the_design_names(alert_rules: list[dict]) -> None:
-    assert {rule["alert"] for rule in alert_rules} == DESIGN_ALERTS
+    assert {rule["alert"] for rule in alert_rules} == DESIGN_ALERTS | HEALTH_ALERTS
 
 
 def test_names_are_camel_case_and_severities_known(alert_rules: list[dict]) -> None:

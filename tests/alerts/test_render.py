@@ -90,7 +90,8 @@ def test_bad_arguments_are_refused(argv: list[str], message: str,
 
 
 def _sources(tmp_path: Path, alerts_text: str) -> Path:
-    shutil.copy(render.SOURCE_DIR / "recording.yaml", tmp_path / "recording.yaml")
+    for other in ("recording.yaml", "health.yaml"):
+        shutil.copy(render.SOURCE_DIR / other, tmp_path / other)
     (tmp_path / "alerts.yaml").write_text(alerts_text)
     return tmp_path
 

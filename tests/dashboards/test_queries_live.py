@@ -47,6 +47,10 @@ MAY_BE_EMPTY = {
     ("llmmon-cluster-wall", "Firing alerts"): "lists firing alerts only",
     ("llmmon-node", "GPU errors", "A"): "llmmon_gpu_xid_errors_total exists after an XID only",
     ("llmmon-triage", "GPU errors", "A"): "llmmon_gpu_xid_errors_total exists after an XID only",
+    ("llmmon-cluster-wall", "Lemon nodes"): "lists nodes with lemon alert-hours only",
+    **{(board, "Memory repair state", ref): "fabric series exist on NVSwitch systems only (the "
+       "H200 capture's driver answers no fabric call)"
+       for board in ("llmmon-node", "llmmon-triage") for ref in ("E", "F")},
 }
 NVML = FIXTURES / "nvml" / "h200x8"
 # (node, flag, fixture): the read-only inputs of each simulated node.

@@ -25,6 +25,17 @@ def test_misconfigured_topology(node) -> None:
     assert check(report, "network.gpudirect")["verdict"] == "suspect"
 
 
+def test_misconfigured_topology_with_dmabuf_has_gpudirect(node) -> None:
+    """No nvidia_peermem, but Linux 6.8 and the open GPU kernel module: NCCL uses DMA-BUF."""
+    built = node(sysfs=FIXTURES / "topology" / "misconfigured" / "sys")
+    dmabuf = FIXTURES / "topology" / "dmabuf" / "proc"
+    for name in ("sys/kernel/osrelease", "driver/nvidia/version"):
+        (built.proc / name).parent.mkdir(parents=True, exist_ok=True)
+        (built.proc / name).write_text((dmabuf / name).read_text())
+    gpudirect = check(built.start().report(), "network.gpudirect")
+    assert gpudirect["verdict"] == "ok" and "DMA-BUF" in gpudirect["summary"]
+
+
 def test_hgx_topology(node) -> None:
     report = node(sysfs=FIXTURES / "topology" / "hgx" / "sys").start().report()
     affinity = check(report, "network.gpu_nic_affinity")

@@ -54,6 +54,16 @@ def test_shipped_node(node) -> None:
     assert check(report, "network.busbw")["verdict"] == "unknown"  # no collective in the window
     # GPU 1 replays ~5 s of the real starved trace from start-up; whether the window catches
     # its dips depends on timing, so power_dips is tested on a looping trace in test_starvation.
+    # Node health: GPU 5's XID 48 needs a reset and its driver asks for one; GPU 2 trained
+    # its PCIe link down to Gen4 x8 while busy.
+    xids = check(report, "health.xid_actions")
+    assert subjects(xids, "gpu") == {"5"} and "XID 48" in texts(xids) and "reset_gpu" in texts(xids)
+    repair = check(report, "health.memory_repair")
+    assert subjects(repair, "gpu") == {"5"} and "recovery action 1: reset the GPU" in texts(repair)
+    assert repair["runbook"].endswith("#gpurecoveryactionrequired")
+    pcie = check(report, "health.pcie_link")
+    assert subjects(pcie, "gpu") == {"2"} and "Gen4 x8 of Gen5 x16" in texts(pcie)
     assert set(report["suspects"]) - {"starvation.power_dips"} == {
         "hang.progress", "hang.gpu_errors", "hang.links", "thermal.clock_events",
-        "thermal.power_peers", "network.straggler"}
+        "thermal.power_peers", "network.straggler", "health.xid_actions",
+        "health.memory_repair", "health.pcie_link"}

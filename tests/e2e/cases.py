@@ -86,6 +86,22 @@ CASES = (
     Case("hang", pages=(
         Expect("LLMTrainingHang", {"rank": "5", "pg": "0", "reason": "rank_not_enqueued"},
                ("Rank 5 of job {job}", "on node {node} is the rank behind")),)),
+    Case("pcie-downtrain", tickets=(
+        Expect("PCIeLinkDowntrained", {"gpu": "1", "uuid": uuid(1), "reason": "gpu"},
+               ("GPU 1", "on node {node}", "at Gen4 x8 (maximum Gen5 x16)")),)),
+    Case("row-remap:after=200", pages=(
+        Expect("GPUEccUncorrectable", {"gpu": "4", "uuid": uuid(4),
+                                       "reason": "uncorrected_errors"},
+               ("GPU 4", "on node {node}")),
+        Expect("GPUXidActionRequired", {"gpu": "4", "xid": "48", "action": "reset_gpu"},
+               ("reported XID 48", "reset the GPU")),
+        Expect("GPUXidActionRequired", {"gpu": "4", "xid": "63", "action": "reset_gpu"})),
+        # GPUXidError's increase() misses a new series' first event, so only the XID's
+        # timestamp (GPUXidActionRequired) pages here.
+        inhibited=(Expect("GPUEccUncorrectable", {"reason": "row_remap_pending"}),)),
+    Case("nvlink-degrading", tickets=(
+        Expect("GPULinkErrorsAbovePeers", {"gpu": "3", "uuid": uuid(3), "reason": "nvlink"},
+               ("GPU 3", "on node {node}", "NVLink CRC/replay/recovery errors")),)),
     Case("healthy"),
 )
 # rate(x[5m]) divides by the whole five minutes, so a job younger than that reads a low MFU:

@@ -17,6 +17,7 @@ CAPTURE = FIXTURES / "nvml" / "h200" / "nvml_snapshot.json"
 TRACE = FIXTURES / "nvml" / "h200" / "nvml_trace_load.json"
 H200X8 = FIXTURES / "nvml" / "h200x8"
 PROC = FIXTURES / "gpu" / "proc"
+NO_XIDS = FIXTURES / "gpu" / "kmsg" / "no_xids"  # a kernel log without XIDs: not the host's
 
 
 def edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
@@ -40,6 +41,7 @@ def gpu_collector() -> Iterator[Callable[..., GpuCollector]]:
     built: list[GpuCollector] = []
 
     def build(fake: Path | str, **options: object) -> GpuCollector:
+        options.setdefault("kmsg_path", str(NO_XIDS))
         collector = make_collector(GpuCollector, PROC, settings={"nvml.replay": str(fake)},
                                    **options)
         assert isinstance(collector, GpuCollector)

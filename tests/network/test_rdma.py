@@ -187,3 +187,28 @@ def test_node_without_rdma_is_nothing_to_watch(tmp_path: Path) -> None:
     assert samples == {}
     assert ctx.error_count == 0
     assert ctx.watched == 0
+
+
+def test_pcie_link_of_each_rdma_device() -> None:
+    """mlx5_2 trained down to Gen4 x8 in a Gen5 x16 slot; irdma0's link is down (Unknown
+    speed: no generation series); bnxt_re0's function has no link files (absent, no error)."""
+    samples, ctx, _ = run(collector(FIXTURES / "sys"))
+    assert ctx.error_count == 0
+    link = {(name.removeprefix("llmmon_rdma_device_pcie_link_"), dict(labels)["device"]): value
+            for (name, labels), value in samples.items()
+            if name.startswith("llmmon_rdma_device_pcie_link_")}
+    assert link == {
+        **{(kind, device): value for device in ("mlx5_0", "mlx5_1")
+           for kind, value in (("generation", 5), ("max_generation", 5), ("width", 16),
+                               ("max_width", 16))},
+        ("generation", "mlx5_2"): 4, ("max_generation", "mlx5_2"): 5,
+        ("width", "mlx5_2"): 8, ("max_width", "mlx5_2"): 16,
+        ("max_generation", "irdma0"): 4, ("width", "irdma0"): 0, ("max_width", "irdma0"): 16}
+
+
+def test_an_unparsable_link_width_costs_only_that_device(sys_tree: Path) -> None:
+    (sys_tree / "devices/pci0000:28/0000:28:01.0/0000:2a:00.0/current_link_width").write_text("x16\n")
+    samples, ctx, _ = run(collector(sys_tree))
+    assert list(ctx.errors) == ["mlx5_2/pcie_link"]
+    assert samples[("llmmon_rdma_device_pcie_link_width", (("device", "mlx5_0"),))] == 16
+    assert samples[port("llmmon_rdma_port_up", "mlx5_2")] == 1

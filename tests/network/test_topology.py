@@ -114,3 +114,26 @@ def test_nvml_gpus_missing_from_sysfs_are_reported() -> None:
     assert samples == {}
     assert len(ctx.errors) == 8
     assert "is --path.sysfs the host's?" in ctx.errors["0000:18:00.0"]
+
+
+PROPRIETARY = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Release Build  "
+               "(dvs-builder@U16-I3-B03-4-3)  Tue Jul  8 18:05:34 UTC 2025\n")
+
+
+@pytest.mark.parametrize("release, driver, expected", [
+    (None, None, 1),  # the fixture: Linux 6.8 with the open GPU kernel module
+    ("5.11.0-49-generic\n", None, 0),  # a kernel without RDMA dma-buf
+    (None, PROPRIETARY, 0),  # the proprietary module exports no dma-buf
+])
+def test_dmabuf_support_without_peer_memory(tmp_path: Path, release: str | None,
+                                            driver: str | None, expected: int) -> None:
+    proc = Path(shutil.copytree(LAYOUTS / "dmabuf" / "proc", tmp_path / "proc"))
+    if release is not None:
+        (proc / "sys/kernel/osrelease").write_text(release)
+    if driver is not None:
+        (proc / "driver/nvidia/version").write_text(driver)
+    topology = make_collector(TopologyCollector, proc, LAYOUTS / "misconfigured" / "sys",
+                              nvml=False)
+    samples, ctx, _ = run(topology)
+    assert samples[("llmmon_gpudirect_rdma_enabled", ())] == 0  # no nvidia_peermem
+    assert samples[("llmmon_gpudirect_dmabuf_supported", ())] == expected

@@ -116,12 +116,15 @@ def gpudirect(view: View, t: Thresholds) -> Outcome:
     flags = view.instant("llmmon_gpudirect_rdma_enabled")
     if not flags:
         return unknown("not exported: the node lacks NVIDIA GPUs or RDMA devices")
-    off = [d.evidence(s, (), f"{d.node(s)}: nvidia_peermem is not loaded",
-                      enabled=0.0) for s in flags if s.value == 0]
+    dmabuf = {key(s, ("cluster", "node")) for s in
+              view.instant("llmmon_gpudirect_dmabuf_supported") if s.value == 1}
+    off = [d.evidence(s, (), f"{d.node(s)}: nvidia_peermem is not loaded and there is no "
+                      "DMA-BUF support", enabled=0.0)
+           for s in flags if s.value == 0 and key(s, ("cluster", "node")) not in dmabuf]
     if off:
         return suspect("GPUDirect RDMA is off: inter-node transfers are staged through host "
                        "memory (load nvidia_peermem, or use dma-buf)", *off)
-    return ok("GPUDirect RDMA is on (nvidia_peermem loaded)")
+    return ok("GPUDirect RDMA is on (nvidia_peermem loaded, or DMA-BUF supported)")
 
 
 def pfc_ecn(view: View, t: Thresholds) -> Outcome:
