@@ -9,15 +9,18 @@ each recent sequence number (for in-flight ages and enqueue lag), and staleness.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from llmmon.ranks import collectives
-from llmmon.ranks.schema import Collective, FrDump, Group, Progress, RankEntries, RankState
+from llmmon.ranks.schema import Activity, Collective, FrDump, Group, Progress, RankEntries, \
+    RankState
 
 # Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
 MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank and group
+MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
 
 RankKey = tuple[str, int]  # job_id, rank
 
@@ -54,6 +57,9 @@ class RankTrack:
     bus_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
     durations: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     overflow: int = 0  # samples not counted because the series budget was spent
+    # (reporter write time, its activity counters): bytes moved over a stall's window
+    activity: deque[tuple[float, Activity]] = field(
+        default_factory=lambda: deque(maxlen=MAX_ACTIVITY))
 
     @property
     def pid(self) -> int:
@@ -173,6 +179,9 @@ class Ledger:
                 track.durations = previous.durations
         track.state, track.mtime = state, mtime
         track.note_progress(now)
+        if state.activity is not None and (not track.activity
+                                           or track.activity[-1][1] != state.activity):
+            track.activity.append((state.written_ns / 1e9, state.activity))
         if state.inflight is not None:
             track.index_dump(state.inflight)
         return True
