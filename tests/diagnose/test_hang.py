@@ -32,7 +32,7 @@ def test_hang_window_comes_from_the_alerts_config(node, tmp_path: Path) -> None:
     job.diagnoser.thresholds = Thresholds.load(str(config))
     found = check(job.report(), "hang.progress")
     assert found["verdict"] == "ok"
-    assert found["thresholds"] == {"hang_window_seconds": 86400000.0}
+    assert found["thresholds"] == {"hang_window_seconds": 86400000.0, "hang_busy_seconds": 10.0}
     assert "(within the 86400000 s window)" in texts(found)
 
 

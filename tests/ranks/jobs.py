@@ -151,3 +151,23 @@ def series(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, 
 def by_rank(samples: Samples, name: str, **labels: str) -> dict[int, float]:
     return {int(dict(key)["rank"]): value for key, value in series(samples, name,
                                                                    **labels).items()}
+
+
+def job_doc(collector: RanksCollector, job_id: str | None = None) -> dict[str, Any] | None:
+    """One collector run, then the job's document of the hang evidence (the only job, or
+    `job_id`)."""
+    scrape(collector)
+    jobs = collector.evidence()["jobs"]
+    return next((j for j in jobs if job_id is None or j["job_id"] == job_id), None)
+
+
+def reporting(collector: RanksCollector, ranks: int, progressed: int = 20
+              ) -> Callable[[], dict[str, Any] | None]:
+    """A probe: every rank reports and group 0 has completed `progressed` collectives."""
+    def probe() -> dict[str, Any] | None:
+        job = job_doc(collector)
+        if job is None or len(job["ranks"]) < ranks:
+            return None
+        done = [r["groups"].get("0", {}).get("completed", -1) for r in job["ranks"]]
+        return job if min(done) >= progressed else None
+    return probe
