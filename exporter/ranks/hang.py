@@ -16,6 +16,8 @@ from llmmon.ranks.ledger import Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, Process
 from llmmon.ranks.spans import join_spans, spans_text
 
+BUSY_WINDOW = 60.0  # seconds of activity shown per rank in /api/v1/ranks
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -86,8 +88,11 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     op = {"seq": frontier, "coll": known[0].coll if known else None,
           "waiting_seconds": None if waited is None else round(waited, 3)} if waiting else None
     # How long the group has been stuck: the daemon's own observation, or how long the oldest
-    # outstanding collective has waited (known even right after a daemon restart).
-    stalled_for = max(since, waited or 0.0) if op else 0.0
+    # outstanding collective has waited (known even right after a daemon restart); but never
+    # longer than since a member last enqueued something: a rank that just caught up (after a
+    # checkpoint) is progress, its collective completes at the next reports.
+    entered = max((t.last_enqueue(pg) or now for t in members), default=now)
+    stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
     window = max(stalled_for, 1.0)
     doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
@@ -120,12 +125,12 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "stalled": stalled,
         "doing": {str(r): doing[r].json() for r in behind + stopped if op},
     }
-    group["summary"] = summary(group, progress, {r: d.text(window, job_age(job, r, now))
+    group["summary"] = summary(group, progress, {r: d.text(window, _report_age(job, r, now))
                                                  for r, d in doing.items()}, job.end)
     return group
 
 
-def job_age(job: _Job, rank: int, now: float) -> float:
+def _report_age(job: _Job, rank: int, now: float) -> float:
     return next(t.age(now) for t in job.tracks if t.state.identity.rank == rank)
 
 
@@ -170,9 +175,6 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
                  + (f"; busy ranks get {group['stall_ceiling_seconds']:.0f} s"
                     if group["busy"] else "") + ")")
     return text
-
-
-BUSY_WINDOW = 60.0  # seconds of activity shown per rank in /api/v1/ranks
 
 
 def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,

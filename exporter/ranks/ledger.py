@@ -48,6 +48,7 @@ class RankTrack:
     state: RankState
     mtime: float  # when the reporter last wrote (file mtime: the daemon's clock)
     progress_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    enqueue_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
     index: dict[str, dict[int, Enqueued]] = field(default_factory=dict)  # pg -> seq -> ...
     dump_groups: dict[str, Group] = field(default_factory=dict)
     counted: set[int] = field(default_factory=set)
@@ -85,11 +86,18 @@ class RankTrack:
         return max(0.0, now - oldest.created_ns / 1e9) if oldest else 0.0
 
     # updates ----------------------------------------------------------------------------
+    def last_enqueue(self, pg: str) -> float | None:
+        """When the daemon saw the rank's last enqueued sequence number change."""
+        noted = self.enqueue_noted.get(pg)
+        return noted[1] if noted else None
+
     def note_progress(self, now: float) -> None:
         for pg, progress in self.state.progress.items():
-            noted = self.progress_noted.get(pg)
-            if noted is None or noted[0] != progress.completed:
-                self.progress_noted[pg] = (progress.completed, now)
+            for seen, value in ((self.progress_noted, progress.completed),
+                                (self.enqueue_noted, progress.enqueued)):
+                noted = seen.get(pg)
+                if noted is None or noted[0] != value:
+                    seen[pg] = (value, now)
 
     def index_dump(self, dump: FrDump) -> None:
         for entry in dump.entries:
