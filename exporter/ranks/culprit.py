@@ -67,7 +67,10 @@ class Doing:
                 "busy": self.busy, "stopped": self.stopped}
 
     def text(self, window: float, report_age: float) -> str:
-        """`it is in load_next_batch (data.py:41), sleeping, no CPU for 35 s`."""
+        """`it is in load_next_batch (data.py:41), sleeping, no CPU for 35 s`; empty when
+        nothing is known (no reporter activity, no stack, no procfs)."""
+        if not (self.where or self.state or self.cpu_idle is not None):
+            return ""
         if self.stopped:
             return (f"it is stopped (state T: SIGSTOP or a debugger), its reporter silent for "
                     f"{report_age:.0f} s" + (f"; last seen in {self.where}" if self.where else ""))

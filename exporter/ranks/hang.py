@@ -91,7 +91,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     # outstanding collective has waited (known even right after a daemon restart); but never
     # longer than since a member last enqueued something: a rank that just caught up (after a
     # checkpoint) is progress, its collective completes at the next reports.
-    entered = max((t.last_enqueue(pg) or now for t in members), default=now)
+    entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
     stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
     window = max(stalled_for, 1.0)
@@ -154,7 +154,7 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
         text = text.replace("ranks ", "rank ", 1)
     if group["behind"]:
         behind = "; ".join(f"rank {r} never enqueued it (last enqueued "
-                           f"#{progress[r].enqueued})" + (f": {doing[r]}" if r in doing else "")
+                           f"#{progress[r].enqueued})" + (f": {doing[r]}" if doing.get(r) else "")
                            for r in group["behind"])
         text += f"; {behind}"
     elif group["stopped"]:
@@ -166,7 +166,7 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
         text += "; every rank enqueued it and none completes: suspect the GPU or the network"
     for rank in group["stopped"]:
         if rank not in group["behind"]:
-            text += f"; rank {rank} {doing.get(rank, 'is stopped')}".replace(" it is ", " is ", 1)
+            text += f"; rank {rank} {doing.get(rank) or 'is stopped'}".replace(" it is ", " is ", 1)
     if group["stale"]:
         text += f"; rank(s) {spans_text(group['stale'])} stopped reporting"
     if not group["stalled"]:

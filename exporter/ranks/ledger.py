@@ -87,17 +87,19 @@ class RankTrack:
 
     # updates ----------------------------------------------------------------------------
     def last_enqueue(self, pg: str) -> float | None:
-        """When the daemon saw the rank's last enqueued sequence number change."""
+        """When the daemon saw the rank's last enqueued sequence number change (0: never)."""
         noted = self.enqueue_noted.get(pg)
         return noted[1] if noted else None
 
     def note_progress(self, now: float) -> None:
         for pg, progress in self.state.progress.items():
-            for seen, value in ((self.progress_noted, progress.completed),
-                                (self.enqueue_noted, progress.enqueued)):
-                noted = seen.get(pg)
-                if noted is None or noted[0] != value:
-                    seen[pg] = (value, now)
+            noted = self.progress_noted.get(pg)
+            if noted is None or noted[0] != progress.completed:
+                self.progress_noted[pg] = (progress.completed, now)
+            noted = self.enqueue_noted.get(pg)
+            if noted is None or noted[0] != progress.enqueued:
+                # first sight is not a change (0: never seen changing), unlike completions
+                self.enqueue_noted[pg] = (progress.enqueued, now if noted else 0.0)
 
     def index_dump(self, dump: FrDump) -> None:
         for entry in dump.entries:
