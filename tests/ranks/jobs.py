@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -171,3 +172,16 @@ def reporting(collector: RanksCollector, ranks: int, progressed: int = 20
         done = [r["groups"].get("0", {}).get("completed", -1) for r in job["ranks"]]
         return job if min(done) >= progressed else None
     return probe
+
+
+@contextmanager
+def watched_collector(tmp: Path, **overrides: Any) -> Iterator[tuple[Path, RanksCollector]]:
+    """A spool and a collector on it with its procfs watcher running (closed after)."""
+    spool = tmp / "spool"
+    spool.mkdir()
+    collector = make_collector(spool, tmp, **overrides)
+    collector.start()
+    try:
+        yield spool, collector
+    finally:
+        collector.close()

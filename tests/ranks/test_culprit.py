@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from tests.conftest import ROOT
-from tests.ranks.jobs import Job, base_env, job_doc, make_collector, reporting, scrape, series, \
-    wait_for
+from tests.ranks.jobs import Job, base_env, job_doc, reporting, scrape, series, wait_for, \
+    watched_collector
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
 
@@ -29,13 +29,10 @@ def group0(collector):  # type: ignore[no-untyped-def]
 
 
 def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    collector = make_collector(spool, tmp_path)  # defaults: floor 10 s, ceiling 180 s
-    collector.start()
     args = [*LONG, "--ckpt-at", "300", "--ckpt-seconds", "45", "--culprit", "2",
             "--stuck-at", "700"]
-    try:
+    # the collector's defaults: floor 10 s, ceiling 180 s
+    with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
             wait_for(reporting(collector, 3), 240, "three ranks making progress")
 
@@ -53,8 +50,6 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
             diagnosed = subprocess.run(
                 [sys.executable, "-m", "llmmon", "diagnose", "--ranks", "--spool.dir",
                  str(spool)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        collector.close()
     print(f"\ncheckpoint: {busy['summary']}\nstuck: {stalled['summary']}")
     assert busy["pace"]["basis"] == "learned" and not busy["stalled"] and busy["busy"] == [0]
     assert busy["stall_threshold_seconds"] < 45
@@ -81,11 +76,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
 
 
 def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    collector = make_collector(spool, tmp_path)
-    collector.start()
-    try:
+    with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, LONG, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="frozen")) as job:
             wait_for(reporting(collector, 3, 200), 240, "three ranks making progress")
             os.kill(job.procs[1].pid, signal.SIGSTOP)
@@ -99,8 +90,6 @@ def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
                 samples, _, _ = scrape(collector)
             finally:
                 os.kill(job.procs[1].pid, signal.SIGCONT)
-    finally:
-        collector.close()
     print(f"\nSIGSTOP -> verdict: {latency:.2f} s; {group['summary']}")
     assert group["stopped"] == [1]
     assert "rank 1 is stopped (state T: SIGSTOP or a debugger), its reporter silent for" in \

@@ -36,11 +36,7 @@ def assert_not_hung(job: dict) -> None:
 
 
 def test_a_job_that_finished_reads_as_ended(tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    collector = make_collector(spool, tmp_path)
-    collector.start()
-    try:
+    with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 2, ["--steps", "40", "--compute", "0.01"],
                  base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="done")) as job:
             wait_for(reporting(collector, 2, 10), 240, "both ranks to report")
@@ -50,8 +46,6 @@ def test_a_job_that_finished_reads_as_ended(tmp_path: Path) -> None:
         diagnosed = subprocess.run([sys.executable, "-m", "llmmon", "diagnose", "--ranks",
                                     "--spool.dir", str(spool)], cwd=ROOT, capture_output=True,
                                    text=True, timeout=120)
-    finally:
-        collector.close()
     assert doc["end"]["summary"] == "job done ended: every rank on this node exited normally"
     assert [(e["rank"], e["how"], e["code"]) for e in doc["end"]["ranks"]] == [
         (0, "exit", 0), (1, "exit", 0)]
@@ -68,7 +62,7 @@ def test_torchrun_tears_the_job_down_after_a_crash_and_the_crashed_rank_is_named
     spool.mkdir()
     out.mkdir()
     collector = make_collector(spool, tmp_path)
-    collector.start()
+    collector.start()  # stopped below, with torchrun
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", "3", str(TRAINER), "--out", str(out), "--culprit", "1",
                "--crash-at", "150", *LONG]
@@ -103,11 +97,7 @@ def test_torchrun_tears_the_job_down_after_a_crash_and_the_crashed_rank_is_named
 
 
 def _killed_job(tmp_path: Path, job_id: str, kill) -> tuple[dict, float, dict]:  # type: ignore[no-untyped-def]
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    collector = make_collector(spool, tmp_path)
-    collector.start()
-    try:
+    with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, LONG, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB=job_id)) as job:
             wait_for(reporting(collector, 3), 240, "three ranks making progress")
             wait_for(lambda: all(collector.watch.get((job_id, r, p.pid)) and
@@ -118,8 +108,6 @@ def _killed_job(tmp_path: Path, job_id: str, kill) -> tuple[dict, float, dict]: 
             doc = wait_for(ended(collector), 120, "the job's end")
             latency = time.time() - fault
             samples = scrape(collector)[0]
-    finally:
-        collector.close()
     return doc, latency, samples
 
 
