@@ -29,8 +29,8 @@ def group0(collector):  # type: ignore[no-untyped-def]
 
 
 def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) -> None:
-    args = [*LONG, "--ckpt-at", "300", "--ckpt-seconds", "45", "--culprit", "2",
-            "--stuck-at", "700"]
+    args = [*LONG, "--ckpt-at", "100", "--ckpt-seconds", "45", "--culprit", "2",
+            "--stuck-at", "250"]
     # the collector's defaults: floor 10 s, ceiling 180 s
     with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
@@ -40,7 +40,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
                 group = group0(collector)
                 return group if group and group["behind"] == [0] and \
                     group["stalled_seconds"] > group["stall_threshold_seconds"] else None
-            busy = wait_for(checkpointing, 240, "rank 0's checkpoint to outlast the threshold")
+            busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold")
 
             def stuck() -> dict | None:
                 group = group0(collector)
