@@ -76,10 +76,15 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     members = [t for t in job.tracks if pg in t.state.progress]
     progress = {t.state.identity.rank: t.state.progress[pg] for t in members}
     meta = next((t.groups()[pg] for t in members if pg in t.groups()), None)
-    frontier = min(p.completed for p in progress.values()) + 1
+    stale = sorted(t.state.identity.rank for t in members if t.age(now) > limits.stale_after)
+    frozen = {t.state.identity.rank for t in members
+              if job.doing(t, now, 1.0, limits).stopped}
+    # A stale or stopped rank's last report is old: the others may have completed more since;
+    # the frontier is that of the ranks that still report (the silent one is behind it).
+    fresh = [r for r in progress if r not in frozen and r not in stale] or list(progress)
+    frontier = min(progress[r].completed for r in fresh) + 1
     waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
     behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)
-    stale = sorted(t.state.identity.rank for t in members if t.age(now) > limits.stale_after)
     noted = [t.last_progress(pg) for t in members]
     since = now - max((n for n in noted if n is not None), default=now)
     created = [t.index.get(pg, {}).get(frontier) for t in members]

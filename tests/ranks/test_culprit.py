@@ -78,7 +78,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
 def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
     with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, LONG, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="frozen")) as job:
-            wait_for(reporting(collector, 3, 200), 240, "three ranks making progress")
+            wait_for(reporting(collector, 3, 100), 240, "three ranks making progress")
             os.kill(job.procs[1].pid, signal.SIGSTOP)
             fault = time.time()
             try:
