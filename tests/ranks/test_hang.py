@@ -62,8 +62,10 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
 
         api = wait_for(daemon_sees_stall, 30, "the daemon to see the stall")
         # The daemon asked every rank for a dump through its pipe and kept the set.
-        kept = wait_for(lambda: sorted(fr_dir.glob(f"{JOB}/dump-*/rank_*.json")), 30,
-                        "the dumps to be kept")
+        # Each rank answers at its own tick: wait for all three (they may land in two sets).
+        kept = wait_for(lambda: (lambda found: found if len(found) == 3 else None)(
+            sorted(fr_dir.glob(f"{JOB}/dump-*/rank_*.json"), key=lambda p: p.name)), 60,
+            "the dumps of all three ranks to be kept")
         text = diagnose("--url", server.url)
         from_spool = diagnose("--spool.dir", str(spool), "--stall-after", "1", "--json",
                               "--dump", "--pipe-dir", str(pipe_dir))
