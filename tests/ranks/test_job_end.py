@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.ranks.jobs import (TRAINER, Job, base_env, by_rank, job_doc, make_collector,
-                              reporting, scrape, wait_for)
+                              reporting, scrape, wait_for, watched_collector)
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
 
