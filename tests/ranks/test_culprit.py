@@ -31,7 +31,7 @@ def group0(collector):  # type: ignore[no-untyped-def]
 
 def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) -> None:
     args = [*LONG, "--ckpt-at", "100", "--ckpt-seconds", "45", "--culprit", "2",
-            "--stuck-at", "250"]
+            "--stuck-at", "200"]
     # the collector's defaults: floor 10 s, ceiling 180 s
     with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
@@ -46,7 +46,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
             def stuck() -> dict | None:
                 group = group0(collector)
                 return group if group and group["stalled"] else None
-            stalled = wait_for(stuck, 300, "the stuck data loader to stall group 0")
+            stalled = wait_for(stuck, 600, "the stuck data loader to stall group 0")
             samples, _, _ = scrape(collector)
             diagnosed = subprocess.run(
                 [sys.executable, "-m", "llmmon", "diagnose", "--ranks", "--spool.dir",
@@ -79,7 +79,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
 def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
     with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, LONG, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="frozen")) as job:
-            wait_for(reporting(collector, 3, 100), 240, "three ranks making progress")
+            wait_for(reporting(collector, 3, 100), 480, "three ranks making progress")
             os.kill(job.procs[1].pid, signal.SIGSTOP)
             fault = time.time()
             try:
