@@ -1,8 +1,11 @@
 """The cost of one reporter tick, on the CPU build of torch (gloo), with a full ring.
 
 A one-rank gloo job fills the Flight Recorder with 2000 entries, then times the reporter's own
-`tick()` on this thread: a status tick (status dump, parse, state file write), a tick that also
-writes the entries file (the whole ring, every 20 s by default), and the raw dump calls.  Prints
+`tick()` on this thread: a status tick (status dump, parse, state file write; nothing completes
+between the bench's ticks, so each also takes the training thread's stack and reads the
+process' activity, as an idle or stuck rank's reporter does), a tick that also writes the
+entries file (the whole ring, every 20 s by default), and the raw dump calls; then the stack
+capture of a thread 40 frames deep and the activity read alone.  Prints
 medians and p90s in microseconds; writes bench/results/reporter_tick.json.
 
     python bench/reporter_tick.py [--ticks 200]
@@ -16,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -42,6 +46,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from llmmon_reporter import activity
     from llmmon_reporter.stepstats import StepStats
     from llmmon_reporter.worker import Cadence, Reporter
 
@@ -56,6 +61,13 @@ def main() -> None:
     steps = StepStats()
     for _ in range(100):
         steps.step(tokens=1, loss=1.0)
+    release = threading.Event()
+
+    def nested(depth: int) -> None:
+        release.wait() if depth == 0 else nested(depth - 1)
+
+    deep = threading.Thread(target=nested, args=(40,), daemon=True)
+    deep.start()
     with tempfile.TemporaryDirectory() as spool:
         reporter = Reporter(spool, Cadence(status=1.0, inflight=3600, entries=3600), steps)
         reporter.tick(force=True)  # connects, writes both files once
@@ -69,7 +81,11 @@ def main() -> None:
             "full dump alone (2000 entries)": timed(session.flight.full,
                                                     max(args.ticks // 10, 5)),
             "step() hook": timed(lambda: steps.step(tokens=1, loss=1.0), args.ticks * 10),
+            "stack of a thread 40 frames deep": timed(lambda: activity.stack(deep.ident or 0),
+                                                      args.ticks),
+            "activity read (3 procfs files)": timed(reporter._meter.read, args.ticks),
         }
+        release.set()
         sizes = {path.name: path.stat().st_size for path in Path(spool).rglob("*.json")}
     dist.destroy_process_group()
     for name, result in results.items():

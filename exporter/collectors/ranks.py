@@ -21,6 +21,7 @@ from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
+from llmmon.ranks.liveness import PidWatch
 from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
 from llmmon.sources.spool import SpoolSource
 
@@ -118,6 +119,42 @@ REJECTED = MetricSpec(
     "llmmon_ranks_spool_rejected_total", "counter",
     "Spool files or entries refused (invalid_json, schema, too_large, symlink, duplicate, "
     "identity_mismatch, ...), once per file version.", ("reason",))
+ALIVE = _rank("llmmon_rank_alive", "gauge",
+               "0 once the rank's process ended (its reporter's exit record, or its pid gone "
+               "from procfs); 1 otherwise. A job with an ended rank is not hung.")
+EXIT_CODE = _rank("llmmon_rank_exit_code", "gauge",
+                  "Exit status of an ended rank when known (minus the signal for a kill).")
+CPU_SECONDS = _rank("llmmon_rank_cpu_seconds_total", "counter",
+                    "CPU time of the rank's training (main) thread, from its reporter.")
+READ_BYTES = _rank("llmmon_rank_read_bytes_total", "counter",
+                   "Bytes the rank's process read (/proc/self/io rchar: files and sockets).")
+WRITTEN_BYTES = _rank("llmmon_rank_written_bytes_total", "counter",
+                      "Bytes the rank's process wrote (/proc/self/io wchar), less the "
+                      "reporter's own files.")
+SWITCHES = MetricSpec("llmmon_rank_context_switches_total", "counter",
+                      "Context switches of the rank's main thread, by kind (voluntary: it "
+                      "blocked; involuntary: it was preempted).", RANK + ("kind",))
+CPU_IDLE = _rank("llmmon_rank_cpu_idle_seconds", "gauge",
+                 "Seconds since the rank's training thread last used CPU (a tick with at "
+                 "least 2 % of a core); grows while it sleeps, is blocked or is frozen.")
+IO_IDLE = _rank("llmmon_rank_io_idle_seconds", "gauge",
+                "Seconds since the rank's process last read or wrote 256 kB in a tick.")
+DOING_INFO = MetricSpec(
+    "llmmon_rank_doing_info", "info",
+    "What a rank completing nothing is doing: the process state (procfs, empty when not "
+    "visible) and where its training thread is (innermost frame of the job's code, and the "
+    "library call it is in). Only while the rank completes nothing, or is stopped.",
+    RANK + ("state", "where"))
+STALL_THRESHOLD = MetricSpec(
+    "llmmon_nccl_stall_threshold_seconds", "gauge",
+    "How long the group may complete nothing while ranks wait before it is stalled: "
+    "stall_factor x the p99 gap between its collectives or step time, within "
+    "[stall_floor, stall_after] (stall_after until learned).", ("job_id", "pg"))
+STALLED = MetricSpec(
+    "llmmon_nccl_stalled_seconds", "gauge",
+    "How long the group has completed nothing while a rank waits in a collective, as of the "
+    "daemon's read (0: nothing waits); stalled beyond llmmon_nccl_stall_threshold_seconds.",
+    ("job_id", "pg"))
 SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
                        "Label values cut to a safe alphabet or length, by field.", ("field",))
 CUT = MetricSpec(
@@ -136,7 +173,9 @@ class RanksCollector(Collector):
     specs = (RANK_INFO, RANK_UP, REPORT_AGE, REPORTER_DISABLED, REPORTER_ERRORS, ALLOCATOR_INFO,
              *(spec for spec, _ in MEMORY), ENQUEUED, STARTED, COMPLETED, PROGRESS, INFLIGHT,
              LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
-             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED, CUT)
+             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED, CUT, ALIVE,
+             EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
+             DOING_INFO, STALL_THRESHOLD, STALLED)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -147,9 +186,20 @@ class RanksCollector(Collector):
         Option("drop_after", "duration", "10m",
                "A rank silent this long is dropped and its spool files deleted.",
                minimum="1s", maximum="720h"),
-        Option("stall_after", "duration", "60s",
-               "No progress for this long while ranks wait marks a group stalled in "
-               "/api/v1/ranks and `llmmon diagnose --ranks`.", minimum="1s", maximum="24h"),
+        Option("stall_after", "duration", "180s",
+               "The ceiling: no progress for this long while ranks wait marks a group stalled "
+               "in /api/v1/ranks and `llmmon diagnose --ranks` whatever the job's pace (and "
+               "while its pace is not learned yet, and while the rank behind is busy).",
+               minimum="1s", maximum="24h"),
+        Option("stall_floor", "duration", "10s",
+               "The learned stall threshold is never shorter than this.",
+               minimum="100ms", maximum="24h"),
+        Option("stall_factor", "float", 5.0,
+               "The learned stall threshold: this many times the p99 gap between a group's "
+               "collectives (or step time).", minimum=1.0, maximum=1000.0),
+        Option("pid_poll", "duration", "100ms",
+               "How often the ranks' /proc/<pid> are polled, to see and order their ends.",
+               minimum="10ms", maximum="1m"),
         Option("auto_dump", "bool", True,
                "Request a Flight Recorder dump from a job once a group stalls for dump_after."),
         Option("dump_after", "duration", "3m",
@@ -200,8 +250,19 @@ class RanksCollector(Collector):
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
         self._lock = threading.Lock()
-        self._evidence: dict[str, Any] = hang.evidence(
-            self.ledger, time.time(), config["stale_after"], config["stall_after"])
+        self.watch = PidWatch(env.procfs, config["pid_poll"])
+        self._evidence: dict[str, Any] = self._judge(time.time())
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def _judge(self, now: float) -> dict[str, Any]:
+        return hang.evidence(self.ledger, now, self.config["stale_after"],
+                             self.config["stall_after"], self.watch, self.config["stall_floor"],
+                             self.config["stall_factor"])
 
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
@@ -243,8 +304,10 @@ class RanksCollector(Collector):
             ctx.persists(problem.key, problem.message)
         self._sanitised.update(result.sanitised)
         self._cut.update(result.cut)
-        evidence = hang.evidence(self.ledger, now, self.config["stale_after"],
-                                       self.config["stall_after"])
+        self.watch.follow({(t.state.identity.job_id, t.state.identity.rank, t.pid):
+                           t.state.identity.start_ticks for t in self.ledger.tracks.values()})
+        self.watch.poll(now)
+        evidence = self._judge(now)
         with self._lock:
             self._evidence = evidence
         self._dump(ctx, evidence, now)
@@ -252,7 +315,7 @@ class RanksCollector(Collector):
             ctx.watching(0, f"no spool directory {self.source.root}")
         else:
             ctx.watching(len(self.ledger.tracks), "ranks in the spool")
-        return self._families(now)
+        return self._families(now, evidence)
 
     def _dump(self, ctx: Context, evidence: dict[str, Any], now: float) -> None:
         """Request one dump per stall (job, group, stuck sequence); keep the newest sets."""
@@ -278,12 +341,14 @@ class RanksCollector(Collector):
             ctx.error("dumps", f"keeping Flight Recorder dumps in {self.keeper.fr_dir}: {exc}")
 
     # rendering -------------------------------------------------------------------------
-    def _families(self, now: float) -> Families:
+    def _families(self, now: float, evidence: dict[str, Any]) -> Families:
         families = Families()
         stale_after = self.config["stale_after"]
+        judged = {job["job_id"]: job for job in evidence["jobs"]}
         for job, tracks in self.ledger.jobs().items():
             for track in tracks:
                 self._rank_families(families, track, now, stale_after)
+            self._judged_families(families, judged[job])
             up = [t for t in tracks if t.age(now) <= stale_after]
             for pg in sorted({pg for t in up for pg in t.state.progress}):
                 members = [t for t in up if pg in t.state.progress]
@@ -300,6 +365,25 @@ class RanksCollector(Collector):
         for reason, count in sorted(self._cut.items()):
             families.add(CUT, [reason], count)
         return families
+
+    @staticmethod
+    def _judged_families(families: Families, job: dict[str, Any]) -> None:
+        """What the hang evidence decided, for the rules to judge with the same numbers."""
+        job_id = job["job_id"]
+        for rank in job["ranks"]:
+            labels = [job_id, str(rank["rank"])]
+            families.add(ALIVE, labels, 1 if rank["alive"] else 0)
+            if rank["exit"] is not None and rank["exit"]["code"] is not None:
+                families.add(EXIT_CODE, labels, rank["exit"]["code"])
+            doing = rank["doing"]
+            for spec, key in ((CPU_IDLE, "cpu_idle_seconds"), (IO_IDLE, "io_idle_seconds")):
+                if doing[key] is not None:
+                    families.add(spec, labels, doing[key])
+            if rank["alive"] and (rank["stack"] or doing["stopped"]):
+                families.add(DOING_INFO, labels + [doing["state"], doing["where"]], 1)
+        for group in job["groups"]:
+            families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
+            families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
 
     @staticmethod
     def _group_families(families: Families, job: str, tracks: list[RankTrack]) -> None:
@@ -346,6 +430,13 @@ class RanksCollector(Collector):
             families.add_histogram(DURATION, labels + [pg, coll],
                                    _cumulative(DURATION_BUCKETS, histogram.counts),
                                    histogram.total)
+        activity = state.activity
+        if activity is not None:
+            families.add(CPU_SECONDS, labels, activity.cpu_seconds)
+            families.add(READ_BYTES, labels, activity.read_bytes)
+            families.add(WRITTEN_BYTES, labels, activity.written_bytes)
+            families.add(SWITCHES, labels + ["voluntary"], activity.voluntary_switches)
+            families.add(SWITCHES, labels + ["involuntary"], activity.involuntary_switches)
         steps = state.steps
         if steps is not None:
             families.add(STEPS, labels, steps.steps)

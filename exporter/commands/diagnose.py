@@ -22,6 +22,8 @@ from llmmon.ranks import dumps, hang
 from llmmon.diagnose import command as tree
 from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import Ledger
+from llmmon.ranks.liveness import PidWatch
+from llmmon.sources.fs import RootedFS
 from llmmon_reporter.layout import DEFAULT_PIPE_DIR
 from llmmon.sources.spool import SpoolSource
 
@@ -73,8 +75,13 @@ class RanksBranch:
                            help="Read the rank spool directly instead of asking a daemon.")
         group.add_argument("--stale-after", type=float, default=30.0, metavar="SECONDS",
                            help="With --spool.dir: a rank silent this long is down.")
-        group.add_argument("--stall-after", type=float, default=60.0, metavar="SECONDS",
-                           help="With --spool.dir: a group stuck this long is stalled.")
+        group.add_argument("--stall-after", type=float, default=180.0, metavar="SECONDS",
+                           help="With --spool.dir: a group stuck this long is stalled whatever "
+                           "its pace (the ceiling of the learned threshold).")
+        group.add_argument("--stall-floor", type=float, default=10.0, metavar="SECONDS",
+                           help="With --spool.dir: the learned threshold's floor.")
+        group.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="DIR",
+                           help="With --spool.dir: procfs, to see the ranks' processes.")
         group.add_argument("--dump", action="store_true",
                            help="Request a Flight Recorder dump from every rank of each job "
                            "with a stalled group (through the dump pipe; run on the node).")
@@ -89,7 +96,12 @@ class RanksBranch:
             ledger = Ledger(max_ranks=4096, max_ranks_per_job=4096)
             now = time.time()
             SpoolIngest(source, ledger, args.stale_after, float("inf"), 1 << 40).run(now)
-            return hang.evidence(ledger, now, args.stale_after, args.stall_after)
+            watch = PidWatch(RootedFS(args.procfs))
+            watch.follow({(t.state.identity.job_id, t.state.identity.rank, t.pid):
+                          t.state.identity.start_ticks for t in ledger.tracks.values()})
+            watch.poll(now)
+            return hang.evidence(ledger, now, args.stale_after, args.stall_after, watch,
+                                 args.stall_floor)
         return fetch_json(args.url.rstrip("/"), "/api/v1/ranks")
 
     def run(self, args: argparse.Namespace) -> list[Finding]:

@@ -41,6 +41,7 @@ class Thresholds:
     disk_min_reads_per_second: float = 10
     # hang
     hang_window_seconds: float = 180
+    hang_busy_seconds: float = 10
     xid_critical: tuple[int, ...] = (48, 62, 64, 74, 79, 95, 119, 120)
     xid_window: str = "10m"
     ecc_window: str = "10m"

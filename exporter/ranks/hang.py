@@ -8,16 +8,27 @@ when every local member waits, the rank behind is on another node.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from llmmon.ranks import culprit, ending, pace
 from llmmon.ranks.ledger import Ledger, RankTrack
+from llmmon.ranks.liveness import PidWatch, Process
 from llmmon.ranks.schema import Group
-from llmmon_reporter.flight import ranges
+from llmmon.ranks.spans import join_spans, spans_text
+
+BUSY_WINDOW = 60.0  # seconds of activity shown per rank in /api/v1/ranks
 
 
-def join_spans(spans: Iterable[Sequence[int]], dash: str = "-") -> str:
-    """[[0, 3], [7, 7]] -> '0-3,7' (ASCII, for label values and JSON)."""
-    return ",".join(f"{a}" if a == b else f"{a}{dash}{b}" for a, b in spans)
+@dataclass(frozen=True)
+class Limits:
+    """When a rank is down and a group stalled: `stall_after` is the ceiling; below it the
+    threshold is learned from the job's pace (llmmon.ranks.pace)."""
+
+    stale_after: float
+    stall_after: float
+    stall_floor: float = 10.0
+    stall_factor: float = 5.0
 
 
 def group_ranks(group: Group) -> str:
@@ -25,18 +36,32 @@ def group_ranks(group: Group) -> str:
     return join_spans(group.ranks) + (",..." if group.spans_cut else "")
 
 
-def spans_text(ranks: list[int]) -> str:
-    """[0, 1, 2, 3, 7] -> '0–3, 7' (for people)."""
-    return join_spans(ranges(sorted(ranks)), "–").replace(",", ", ")
+
+@dataclass
+class _Job:
+    """One job's ranks on this node with what the daemon knows of their processes."""
+
+    tracks: list[RankTrack]
+    processes: dict[int, Process | None]
+    end: dict[str, Any] | None
+
+    def doing(self, track: RankTrack, now: float, window: float,
+              limits: Limits) -> culprit.Doing:
+        return culprit.doing(track, self.processes[track.state.identity.rank], now, window,
+                             limits.stale_after)
 
 
-def _rank_json(track: RankTrack, now: float, stale_after: float) -> dict[str, Any]:
+def _rank_json(job: _Job, track: RankTrack, now: float, limits: Limits) -> dict[str, Any]:
     state, who = track.state, track.state.identity
+    process = job.processes[who.rank]
+    end = ending.end_of(track, process)
     return {
         "rank": who.rank, "local_rank": who.local_rank, "world_size": who.world_size,
         "pod": who.pod, "namespace": who.namespace, "pid": who.pid, "uuid": who.uuid,
         "gpu_name": who.gpu_name, "allocator_config": who.allocator_config,
-        "up": track.age(now) <= stale_after,
+        "up": track.age(now) <= limits.stale_after,
+        "alive": end is None,
+        "exit": end.json() if end else None,
         "report_age_seconds": round(track.age(now), 3),
         "reporter": {"errors_total": state.health.errors_total,
                      "disabled": state.health.disabled,
@@ -44,6 +69,8 @@ def _rank_json(track: RankTrack, now: float, stale_after: float) -> dict[str, An
                      "last_error": state.health.last_error, "fr_api": state.health.fr_api},
         "memory": state.memory,
         "steps": state.steps.steps if state.steps else None,
+        "doing": job.doing(track, now, BUSY_WINDOW, limits).json(),
+        "stack": [f._asdict() for f in state.stack] if state.stack else None,
         "groups": {
             pg: {"enqueued": p.enqueued, "started": p.started, "completed": p.completed,
                  "last_progress": track.last_progress(pg),
@@ -52,14 +79,19 @@ def _rank_json(track: RankTrack, now: float, stale_after: float) -> dict[str, An
     }
 
 
-def _group_json(job: str, pg: str, members: list[RankTrack], now: float, stale_after: float,
-                stall_after: float) -> dict[str, Any]:
+def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> dict[str, Any]:
+    members = [t for t in job.tracks if pg in t.state.progress]
     progress = {t.state.identity.rank: t.state.progress[pg] for t in members}
     meta = next((t.groups()[pg] for t in members if pg in t.groups()), None)
-    frontier = min(p.completed for p in progress.values()) + 1
+    stale = sorted(t.state.identity.rank for t in members if t.age(now) > limits.stale_after)
+    frozen = {t.state.identity.rank for t in members
+              if job.doing(t, now, 1.0, limits).stopped}
+    # A stale or stopped rank's last report is old: the others may have completed more since;
+    # the frontier is that of the ranks that still report (the silent one is behind it).
+    fresh = [r for r in progress if r not in frozen and r not in stale] or list(progress)
+    frontier = min(progress[r].completed for r in fresh) + 1
     waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
     behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)
-    stale = sorted(t.state.identity.rank for t in members if t.age(now) > stale_after)
     noted = [t.last_progress(pg) for t in members]
     since = now - max((n for n in noted if n is not None), default=now)
     created = [t.index.get(pg, {}).get(frontier) for t in members]
@@ -68,10 +100,23 @@ def _group_json(job: str, pg: str, members: list[RankTrack], now: float, stale_a
     op = {"seq": frontier, "coll": known[0].coll if known else None,
           "waiting_seconds": None if waited is None else round(waited, 3)} if waiting else None
     # How long the group has been stuck: the daemon's own observation, or how long the oldest
-    # outstanding collective has waited (known even right after a daemon restart).
-    stalled_for = max(since, waited or 0.0) if op else 0.0
+    # outstanding collective has waited (known even right after a daemon restart); but never
+    # longer than since a member last enqueued something: a rank that just caught up (after a
+    # checkpoint) is progress, its collective completes at the next reports.
+    entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
+    stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
+    learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
+    window = max(stalled_for, 1.0)
+    doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
+    stopped = sorted(r for r, d in doing.items() if d.stopped)
+    busy = sorted(r for r in behind if doing[r].busy) if op else []
+    # A job whose waiting ranks all stopped reporting is gone, not hung; one whose rank
+    # ended is ended; a busy rank behind is given until the ceiling.
+    stalled = (bool(op) and job.end is None and stalled_for >= learned.threshold
+               and bool(set(waiting) - set(stale) or stopped)
+               and (not busy or stalled_for >= limits.stall_after))
     group = {
-        "job_id": job, "pg": pg, "pg_desc": meta.desc if meta else "",
+        "job_id": job_id, "pg": pg, "pg_desc": meta.desc if meta else "",
         "size": meta.size if meta else None,
         "ranks": group_ranks(meta) if meta else "",
         "local_ranks": sorted(progress),
@@ -81,22 +126,36 @@ def _group_json(job: str, pg: str, members: list[RankTrack], now: float, stale_a
         "waiting": waiting,
         "behind": behind if waiting else [],  # nobody waits: a rank behind is just idle
         "stale": stale,
+        "stopped": stopped,
+        "busy": busy,
         "op": op,
         "no_progress_seconds": round(since, 3),
         "stalled_seconds": round(stalled_for, 3),
-        # A job whose waiting ranks all stopped reporting is gone, not hung.
-        "stalled": bool(op) and stalled_for >= stall_after and bool(set(waiting) - set(stale)),
+        "pace": learned.json(),
+        "stall_threshold_seconds": round(learned.threshold, 3),
+        "stall_ceiling_seconds": limits.stall_after,
+        "stalled": stalled,
+        "doing": {str(r): doing[r].json() for r in behind + stopped if op},
     }
-    group["summary"] = summary(group, progress)
+    group["summary"] = summary(group, progress, {r: d.text(window, _report_age(job, r, now))
+                                                 for r, d in doing.items()}, job.end)
     return group
 
 
-def summary(group: dict[str, Any], progress: dict[int, Any]) -> str:
+def _report_age(job: _Job, rank: int, now: float) -> float:
+    return next(t.age(now) for t in job.tracks if t.state.identity.rank == rank)
+
+
+def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, str] | None = None,
+            end: dict[str, Any] | None = None) -> str:
     """One sentence an SRE can act on."""
+    doing = doing or {}
     head = f"job {group['job_id']}, group {group['pg']}"
     if group["pg_desc"]:
         head += f" ({group['pg_desc']})"
     op = group["op"]
+    if end is not None:
+        return f"{head}: not a hang: {end['summary']}"
     if op is None:
         return f"{head}: nothing in flight (last completed #{group['last_completed']})"
     name = f"{op['coll'] or 'collective'} #{op['seq']}"
@@ -106,32 +165,50 @@ def summary(group: dict[str, Any], progress: dict[int, Any]) -> str:
     if len(group["waiting"]) == 1:
         text = text.replace("ranks ", "rank ", 1)
     if group["behind"]:
-        behind = ", ".join(f"rank {r} never enqueued it (last enqueued "
-                           f"#{progress[r].enqueued})" for r in group["behind"])
+        behind = "; ".join(f"rank {r} never enqueued it (last enqueued "
+                           f"#{progress[r].enqueued})" + (f": {doing[r]}" if doing.get(r) else "")
+                           for r in group["behind"])
         text += f"; {behind}"
+    elif group["stopped"]:
+        pass  # named below
     elif group["size"] and group["size"] > len(group["local_ranks"]):
         text += (f"; every rank on this node enqueued it: the rank behind is on another node "
                  f"(group ranks {group['ranks']})")
     elif group["stalled"]:
         text += "; every rank enqueued it and none completes: suspect the GPU or the network"
+    for rank in group["stopped"]:
+        if rank not in group["behind"]:
+            text += f"; rank {rank} {doing.get(rank) or 'is stopped'}".replace(" it is ", " is ", 1)
     if group["stale"]:
         text += f"; rank(s) {spans_text(group['stale'])} stopped reporting"
-    elif not group["stalled"]:
-        text += " (still within the stall window)"
+    if not group["stalled"]:
+        text += (f" (still within the stall window: {group['stall_threshold_seconds']:.0f} s, "
+                 f"{group['pace']['basis']}"
+                 + (f"; busy ranks get {group['stall_ceiling_seconds']:.0f} s"
+                    if group["busy"] else "") + ")")
     return text
 
 
-def evidence(ledger: Ledger, now: float, stale_after: float,
-             stall_after: float) -> dict[str, Any]:
+def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
+             watch: PidWatch | None = None, stall_floor: float = 10.0,
+             stall_factor: float = 5.0) -> dict[str, Any]:
     """The document /api/v1/ranks serves and `llmmon diagnose --ranks` reads."""
+    limits = Limits(stale_after, stall_after, stall_floor, stall_factor)
     jobs = []
-    for job, tracks in ledger.jobs().items():
+    for job_id, tracks in ledger.jobs().items():
+        processes = {t.state.identity.rank: None if watch is None else
+                     watch.get((job_id, t.state.identity.rank, t.pid)) for t in tracks}
+        ends = [e for e in (ending.end_of(t, processes[t.state.identity.rank]) for t in tracks)
+                if e is not None]
+        job = _Job(tracks, processes, ending.verdict(
+            job_id, [t.state.identity.rank for t in tracks], ends))
         pgs = sorted({pg for t in tracks for pg in t.state.progress})
-        groups = [_group_json(job, pg, [t for t in tracks if pg in t.state.progress], now,
-                              stale_after, stall_after) for pg in pgs]
-        jobs.append({"job_id": job,
-                     "ranks": [_rank_json(t, now, stale_after) for t in tracks],
+        groups = [_group_json(job_id, job, pg, now, limits) for pg in pgs]
+        jobs.append({"job_id": job_id,
+                     "ranks": [_rank_json(job, t, now, limits) for t in tracks],
                      "groups": groups,
+                     "end": job.end,
                      "stalled_groups": [g["pg"] for g in groups if g["stalled"]]})
     return {"generated_at": now, "stale_after_seconds": stale_after,
-            "stall_after_seconds": stall_after, "jobs": jobs}
+            "stall_after_seconds": stall_after, "stall_floor_seconds": stall_floor,
+            "stall_factor": stall_factor, "jobs": jobs}

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from llmmon.ranks import collectives
-from llmmon.ranks.schema import Collective, FrDump, Group, Progress, RankEntries, RankState
+from llmmon.ranks.schema import Activity, Collective, FrDump, Group, Progress, RankEntries, \
+    RankState
 
 # Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
 DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
 MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
 MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank, shared by its groups
+MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
 
 RankKey = tuple[str, int]  # job_id, rank
 
@@ -52,6 +54,7 @@ class RankTrack:
     state: RankState
     mtime: float  # when the reporter last wrote (file mtime: the daemon's clock)
     progress_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
+    enqueue_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
     index: dict[str, dict[int, Enqueued]] = field(default_factory=dict)  # pg -> seq -> ...
     dump_groups: dict[str, Group] = field(default_factory=dict)
     counted: set[int] = field(default_factory=set)
@@ -61,6 +64,9 @@ class RankTrack:
     bus_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
     durations: dict[tuple[str, str], Histogram] = field(default_factory=dict)
     overflow: int = 0  # samples not counted because the series budget was spent
+    # (reporter write time, its activity counters): bytes moved over a stall's window
+    activity: deque[tuple[float, Activity]] = field(
+        default_factory=lambda: deque(maxlen=MAX_ACTIVITY))
 
     @property
     def pid(self) -> int:
@@ -86,16 +92,27 @@ class RankTrack:
         return max(0.0, now - oldest.created_ns / 1e9) if oldest else 0.0
 
     # updates ----------------------------------------------------------------------------
+    def last_enqueue(self, pg: str) -> float | None:
+        """When the daemon saw the rank's last enqueued sequence number change (0: never)."""
+        noted = self.enqueue_noted.get(pg)
+        return noted[1] if noted else None
+
     def note_progress(self, now: float) -> None:
         """Note changed progress; forget groups the rank no longer reports."""
         progress = self.state.progress
         self.progress_noted = {pg: noted for pg, noted in self.progress_noted.items()
                                if pg in progress}
+        self.enqueue_noted = {pg: noted for pg, noted in self.enqueue_noted.items()
+                              if pg in progress}
         self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
         for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
             if noted is None or noted[0] != group.completed:
                 self.progress_noted[pg] = (group.completed, now)
+            noted = self.enqueue_noted.get(pg)
+            if noted is None or noted[0] != group.enqueued:
+                # first sight is not a change (0: never seen changing), unlike completions
+                self.enqueue_noted[pg] = (group.enqueued, now if noted else 0.0)
 
     def index_dump(self, dump: FrDump) -> None:
         """Enqueue times of the groups the rank reports, the newest of each in its share."""
@@ -191,6 +208,9 @@ class Ledger:
                 track.durations = previous.durations
         track.state, track.mtime = dataclasses.replace(state, inflight=None), mtime
         track.note_progress(now)
+        if state.activity is not None and (not track.activity
+                                           or track.activity[-1][1] != state.activity):
+            track.activity.append((state.written_ns / 1e9, state.activity))
         if state.inflight is not None:
             track.index_dump(state.inflight)
         return True

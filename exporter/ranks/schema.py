@@ -35,6 +35,7 @@ MAX_DIMS = 16
 MAX_BUCKETS = 64
 MAX_SEQ = 1 << 62
 MAX_TEXT = 500
+MAX_FRAMES = 64
 
 # label field -> characters kept (others become "_") and the longest value kept
 LABEL_RULES: dict[str, tuple[re.Pattern[str], int]] = {
@@ -146,6 +147,7 @@ class Identity:
     uuid: str
     gpu_name: str
     allocator_config: str
+    start_ticks: int = 0  # /proc/<pid>/stat starttime: tells this process from a reused pid
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,36 @@ class FrDump:
 
 
 @dataclass(frozen=True)
+class Activity:
+    """The reporter's counters of its own process (main-thread CPU, I/O, switches)."""
+
+    cpu_seconds: float
+    read_bytes: int
+    written_bytes: int
+    voluntary_switches: int
+    involuntary_switches: int
+    cpu_active: float  # Unix time the training thread last used CPU
+    io_active: float  # Unix time the process last moved bytes
+
+
+class Frame(NamedTuple):
+    file: str
+    line: int
+    function: str
+    module: str
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the process ended, as its reporter wrote at interpreter exit."""
+
+    at: float  # Unix time
+    how: str  # exit or exception
+    code: int
+    error: str
+
+
+@dataclass(frozen=True)
 class RankState:
     identity: Identity
     written_ns: int
@@ -218,6 +250,9 @@ class RankState:
     memory: dict[str, int] | None
     steps: Steps | None
     inflight: FrDump | None
+    activity: Activity | None = None
+    stack: tuple[Frame, ...] | None = None  # innermost first; only while nothing completes
+    exit: Exit | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +299,7 @@ def _identity(raw: Any, notes: Notes) -> Identity:
         uuid=label(doc.get("uuid", ""), "uuid", notes),
         gpu_name=text(doc.get("gpu_name", ""), "gpu_name"),
         allocator_config=label(doc.get("allocator_config", ""), "allocator_config", notes),
+        start_ticks=_int(doc.get("start_ticks", 0), "start_ticks"),
     )
 
 
@@ -431,6 +467,39 @@ def _steps(raw: Any) -> Steps | None:
                  seconds_sum=_number(seconds.get("sum"), "seconds.sum"))
 
 
+def _activity(raw: Any) -> Activity | None:
+    if raw is None:
+        return None
+    doc = _obj(raw, "activity")
+    return Activity(
+        cpu_seconds=_number(doc.get("cpu_seconds"), "cpu_seconds"),
+        read_bytes=_int(doc.get("read_bytes"), "read_bytes"),
+        written_bytes=_int(doc.get("written_bytes"), "written_bytes"),
+        voluntary_switches=_int(doc.get("voluntary_switches"), "voluntary_switches"),
+        involuntary_switches=_int(doc.get("involuntary_switches"), "involuntary_switches"),
+        cpu_active=_int(doc.get("cpu_active_ns"), "cpu_active_ns") / 1e9,
+        io_active=_int(doc.get("io_active_ns"), "io_active_ns") / 1e9)
+
+
+def _stack(raw: Any) -> tuple[Frame, ...] | None:
+    if raw is None:
+        return None
+    return tuple(Frame(text(_obj(f, "frame").get("file", ""), "file"),
+                       _int(f.get("line", 0), "line", 0, 1 << 31),
+                       text(f.get("function", ""), "function"),
+                       text(f.get("module", ""), "module"))
+                 for f in _list(raw, "stack", MAX_FRAMES))
+
+
+def _exit(raw: Any) -> Exit | None:
+    if raw is None:
+        return None
+    doc = _obj(raw, "exit")
+    return Exit(at=_int(doc.get("ns"), "exit.ns") / 1e9, how=text(doc.get("how", ""), "how")[:16],
+                code=_int(doc.get("code"), "exit.code", -255, 255),
+                error=text(doc.get("error", ""), "exit.error"))
+
+
 def _memory(raw: Any) -> dict[str, int] | None:
     """The allocator numbers we export; other memory_stats() keys are ignored."""
     if raw is None:
@@ -453,7 +522,10 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         progress=_progress(status.get("pg_status"), notes),
         memory=_memory(doc.get("memory")),
         steps=_steps(doc.get("step")),
-        inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT))
+        inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT),
+        activity=_activity(doc.get("activity")),
+        stack=_stack(doc.get("stack")),
+        exit=_exit(doc.get("exit")))
 
 
 def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:

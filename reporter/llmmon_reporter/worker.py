@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import flight, identity, layout, spoolfile
+from llmmon_reporter import activity, flight, identity, layout, spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.stepstats import StepStats
 
@@ -73,6 +73,7 @@ class _Session:
         self.flight = flight.FlightRecorder(torch._C._distributed_c10d, api)
         rank = dist.get_rank()
         self.identity = identity.identity(env, rank, dist.get_world_size())
+        self.identity["start_ticks"] = activity.start_ticks()
         self.rank, self.pid = rank, os.getpid()
         self.env = env
         self.dir = layout.job_dir(spool, self.identity["job_id"])
@@ -128,6 +129,11 @@ class Reporter:
         self._session: _Session | None = None
         self._previous: dict[str, tuple[int, int]] = {}
         self._inflight: bytes | None = None
+        self._status: bytes | None = None  # the last status dump, for the exit record
+        self._meter = activity.Meter()
+        self._activity: dict[str, Any] | None = None
+        self._stack: list[dict[str, Any]] | None = None
+        self._exit: dict[str, Any] | None = None
         self._next_inflight = 0.0
         self._next_entries = 0.0
         self._stop = threading.Event()
@@ -148,11 +154,18 @@ class Reporter:
             self._thread.join(timeout)
 
     def close(self) -> None:
-        """At a clean exit: stop, and delete the (large) entries file; the small state file
-        stays, so the daemon reports the rank stale and then drops it (and its file)."""
+        """At interpreter exit: stop, write the state once more with how the process ended
+        (so the daemon reads a job's end as an end, not a hang), delete the (large) entries
+        file; the small state file stays until the daemon drops the rank (and its file)."""
         self.stop(1.0)
-        if self._session is not None and not self._thread.is_alive():
-            spoolfile.remove(self._session.dir, self._session.entries_name)
+        if self._session is None or self._thread.is_alive():
+            return
+        spoolfile.remove(self._session.dir, self._session.entries_name)
+        try:
+            self._exit = activity.exit_record()
+            self._write_state(self._status, None)
+        except Exception:
+            pass  # the spool may be gone; the daemon still sees the pid vanish
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Run a full tick (entries included) now; True once one finished in time."""
@@ -249,7 +262,13 @@ class Reporter:
         progress = _progress(status)
         stuck = any(enqueued > completed and self._previous.get(pg, (0, -1))[1] == completed
                     for pg, (enqueued, completed) in progress.items())
-        self._previous = progress
+        # Nothing of ours completed since the last tick (waiting, or behind its peers): what
+        # is the training thread doing?  A healthy job completes something every tick.
+        idle = all(self._previous.get(pg, (0, -1))[1] == completed
+                   for pg, (_, completed) in progress.items())
+        self._previous, self._status = progress, status
+        self._activity = self._meter.read()
+        self._stack = activity.stack(self._meter.thread_id) if idle or force else None
         if not stuck:
             self._inflight = None
         elif force or now >= self._next_inflight:
@@ -291,15 +310,20 @@ class Reporter:
             "pgs": session.pgs,
             "memory": memory,
             "step": self.steps.snapshot(),
+            "activity": self._activity,
+            "stack": self._stack,
+            "exit": self._exit,
         }
         data = spoolfile.compose(header, {"status": status, "inflight": self._inflight})
         spoolfile.write_atomic(session.dir, session.state_name, data)
+        self._meter.own_written += len(data)
 
     def _write_entries(self, session: _Session) -> None:
         header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": time.time_ns(),
                   "identity": {k: session.identity[k] for k in ("job_id", "rank", "pid")}}
         data = spoolfile.compose(header, {"dump": session.flight.full()})
         spoolfile.write_atomic(session.dir, session.entries_name, data)
+        self._meter.own_written += len(data)
 
     def _dump(self, session: _Session) -> None:
         assert session.dump_path is not None

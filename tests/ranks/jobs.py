@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -151,3 +152,36 @@ def series(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, 
 def by_rank(samples: Samples, name: str, **labels: str) -> dict[int, float]:
     return {int(dict(key)["rank"]): value for key, value in series(samples, name,
                                                                    **labels).items()}
+
+
+def job_doc(collector: RanksCollector, job_id: str | None = None) -> dict[str, Any] | None:
+    """One collector run, then the job's document of the hang evidence (the only job, or
+    `job_id`)."""
+    scrape(collector)
+    jobs = collector.evidence()["jobs"]
+    return next((j for j in jobs if job_id is None or j["job_id"] == job_id), None)
+
+
+def reporting(collector: RanksCollector, ranks: int, progressed: int = 20
+              ) -> Callable[[], dict[str, Any] | None]:
+    """A probe: every rank reports and group 0 has completed `progressed` collectives."""
+    def probe() -> dict[str, Any] | None:
+        job = job_doc(collector)
+        if job is None or len(job["ranks"]) < ranks:
+            return None
+        done = [r["groups"].get("0", {}).get("completed", -1) for r in job["ranks"]]
+        return job if min(done) >= progressed else None
+    return probe
+
+
+@contextmanager
+def watched_collector(tmp: Path, **overrides: Any) -> Iterator[tuple[Path, RanksCollector]]:
+    """A spool and a collector on it with its procfs watcher running (closed after)."""
+    spool = tmp / "spool"
+    spool.mkdir()
+    collector = make_collector(spool, tmp, **overrides)
+    collector.start()
+    try:
+        yield spool, collector
+    finally:
+        collector.close()

@@ -4,7 +4,9 @@ One process per rank:  python trainer.py --rank R --world W --port P --out DIR [
 It writes DIR/rank_R.json (checksum of the trained weights, the reporter's health, the
 Flight Recorder environment it saw), then keeps running for --hold seconds so the reporter
 keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives), straggler
-(the culprit sleeps before each collective), exit (the culprit leaves early).
+(the culprit sleeps before each collective), exit (the culprit leaves early); and, at a given
+step, a crash (the culprit raises), a data loader that never returns (the culprit sleeps in
+`load_next_batch`) or a checkpoint (rank 0 writes with torch.save while the others wait).
 """
 
 from __future__ import annotations
@@ -43,7 +45,28 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--wait-disabled", type=float, default=0.0,
                         help="after training, wait this long for the reporter to disable itself")
     parser.add_argument("--timeout", type=float, default=120.0, help="gloo timeout")
+    parser.add_argument("--crash-at", type=int, default=-1, help="the culprit raises here")
+    parser.add_argument("--stuck-at", type=int, default=-1,
+                        help="the culprit's data loader never returns from this step on")
+    parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
+    parser.add_argument("--ckpt-seconds", type=float, default=0.0)
     return parser.parse_args()
+
+
+def load_next_batch(seconds: float) -> None:
+    """A data loader that never returns (for `seconds`): sleeping, no CPU."""
+    time.sleep(seconds)
+
+
+def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
+    """A slow checkpoint: torch.save of a 16 MB state over and over for `seconds`."""
+    state = {"weights": torch.randn(4 << 20), "model": model.state_dict()}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(path, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def main() -> None:
@@ -65,6 +88,12 @@ def main() -> None:
         if step == args.steps // 2 and (args.behaviour == "exit" or
                                         (culprit and args.behaviour == "hang")):
             break  # hang: the culprit never issues this step's collectives; exit: all stop
+        if culprit and step == args.crash_at:
+            raise RuntimeError(f"rank {args.rank} crashed at step {step}")
+        if culprit and step == args.stuck_at:
+            load_next_batch(args.hold)
+        if args.rank == 0 and step == args.ckpt_at:
+            save_checkpoint(model, os.path.join(args.out, "ckpt.pt"), args.ckpt_seconds)
         data = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + args.rank))
         loss = model(data).pow(2).mean()
         time.sleep(args.compute)

@@ -28,6 +28,17 @@ def _ranks(samples: list[Sample]) -> list[int]:
     return sorted(int(s.get("rank")) for s in samples if s.get("rank").isdigit())
 
 
+def _doing(sample: Sample | None, idle: Sample | None) -> str:
+    """`: it is in load_next_batch (data.py:41), sleeping, no CPU for 35 s` (from the
+    daemon's llmmon_rank_doing_info and llmmon_rank_cpu_idle_seconds), or nothing."""
+    if sample is None:
+        return ""
+    parts = [f"in {sample.get('where')}" if sample.get("where") else "outside any collective"]
+    parts += [sample.get("state")] if sample.get("state") else []
+    parts += [f"no CPU for {d.seconds(idle.value)}"] if idle is not None else []
+    return ": it is " + ", ".join(parts)
+
+
 def progress(view: View, t: Thresholds) -> Outcome:
     enqueued = view.instant("llmmon_nccl_last_enqueued_seq")
     if not enqueued:
@@ -35,6 +46,16 @@ def progress(view: View, t: Thresholds) -> Outcome:
     completed = index(view.instant("llmmon_nccl_last_completed_seq"), *MEMBER_KEY)
     noted = group(view.instant("llmmon_nccl_last_progress_timestamp_seconds"), *GROUP_KEY)
     inflight = group(view.instant("llmmon_nccl_oldest_inflight_age_seconds"), *GROUP_KEY)
+    # The daemon's own judgement (exporters that have it): learned threshold, measured stall,
+    # ended ranks, busy ranks, what a rank behind is doing.
+    learned = group(view.instant("llmmon_nccl_stall_threshold_seconds"), *GROUP_KEY)
+    measured = group(view.instant("llmmon_nccl_stalled_seconds"), *GROUP_KEY)
+    ended = {key(s, ("cluster", "job_id")) for s in view.instant("llmmon_rank_alive")
+             if s.value == 0}
+    rank_key = ("cluster", "job_id", "rank")
+    idle = [index(view.instant(name), *rank_key) for name in
+            ("llmmon_rank_cpu_idle_seconds", "llmmon_rank_io_idle_seconds")]
+    doing = index(view.instant("llmmon_rank_doing_info"), *rank_key)
     hung: list[Evidence] = []
     calm: list[Evidence] = []
     for where, members in sorted(group(enqueued, *GROUP_KEY).items()):
@@ -46,6 +67,10 @@ def progress(view: View, t: Thresholds) -> Outcome:
         waiting = [m for m in members if m.value >= frontier]
         behind = [m for m in members if m.value < frontier]
         head = f"job {where[1]}, group {where[2]}"
+        if where[:2] in ended:
+            calm.append(d.evidence(members[0], ("job_id", "pg"), f"{head}: a rank of the job "
+                                   "ended (llmmon_rank_alive 0): the job ended, not a hang"))
+            continue
         if not waiting:
             calm.append(d.evidence(members[0], ("job_id", "pg"),
                                    f"{head}: nothing in flight (last completed #{frontier - 1})"))
@@ -53,11 +78,19 @@ def progress(view: View, t: Thresholds) -> Outcome:
         since = max((view.now - s.value for s in noted.get(where, [])), default=0.0)
         oldest = max((s.value for s in inflight.get(where, [])), default=0.0)
         stalled = max(since, oldest)
+        window = max((s.value for s in learned.get(where, [])), default=t.hang_window_seconds)
+        judged = max((s.value for s in measured.get(where, [])), default=stalled)
         text = (f"{head}: ranks {spans_text(_ranks(waiting))} wait in collective #{frontier} for "
                 f"{d.seconds(stalled)}")
-        if stalled <= t.hang_window_seconds:
-            calm.append(d.evidence(members[0], ("job_id", "pg"),
-                                   f"{text} (within the {t.hang_window_seconds:.0f} s window)",
+        busy = [m for m in behind if any(
+            i.get(key(m, rank_key)) is not None and i[key(m, rank_key)].value < t.hang_busy_seconds
+            for i in idle)] if stalled <= t.hang_window_seconds else []
+        if (judged <= window and stalled <= t.hang_window_seconds) or busy:
+            note = (f"{d.rank(busy[0])} is busy (CPU or I/O in the last "
+                    f"{t.hang_busy_seconds:.0f} s): not a hang before the "
+                    f"{t.hang_window_seconds:.0f} s ceiling" if busy else
+                    f"within the {window:.0f} s window")
+            calm.append(d.evidence(members[0], ("job_id", "pg"), f"{text} ({note})",
                                    stalled_seconds=stalled))
             continue
         if not behind:
@@ -67,7 +100,9 @@ def progress(view: View, t: Thresholds) -> Outcome:
                                seq=frontier))
         hung += [d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} never enqueued "
                             f"collective #{frontier} of group {where[2]} (last enqueued "
-                            f"#{m.value:.0f}): it is the rank behind", last_enqueued=m.value)
+                            f"#{m.value:.0f}): it is the rank behind"
+                            + _doing(doing.get(key(m, rank_key)), idle[0].get(key(m, rank_key))),
+                            last_enqueued=m.value)
                  for m in behind]
     if hung:
         return suspect("a process group stopped making progress; dump the Flight Recorder "
@@ -168,7 +203,7 @@ def links(view: View, t: Thresholds) -> Outcome:
 BRANCH = BranchSpec(
     "hang", "Distributed hang", "Has the job stopped making progress, and what stopped it?",
     (CheckSpec("progress", "Collective progress", progress, ("LLMTrainingHang",),
-               ("hang_window_seconds",)),
+               ("hang_window_seconds", "hang_busy_seconds")),
      CheckSpec("gpu_errors", "Lost GPUs and XIDs", gpu_errors,
                ("GPULost", "GPUXidError", "GPUEccUncorrectable"),
                ("xid_critical", "xid_window", "ecc_window")),

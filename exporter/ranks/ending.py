@@ -1,0 +1,100 @@
+"""A job's end is an end, not a hang: which rank went first, and how.
+
+Each rank's end is known from its reporter's exit record (written at interpreter exit: an
+unhandled exception, or a normal exit) or from procfs (the process vanished: a signal, or
+os._exit).  A recorded end has a time; a vanished one lies between the reporter's last write
+and the moment the daemon saw the pid gone.  The first end is the one that could be first
+and explains the others best: a crash of the job's own code before a kill, a kill before a
+communication error (peers of a dead rank fail in their next collective), any of them before a
+normal exit.  Ranks that all vanished within the same moment were stopped from outside
+(torchrun's teardown of a job, preemption, a scheduler's kill): no rank is blamed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llmmon.ranks.ledger import RankTrack
+from llmmon.ranks.liveness import Process
+from llmmon.ranks.spans import spans_text
+
+# A peer that died or left shows up in the survivors as one of these (gloo, NCCL, c10d).
+PEER_FAILURE = re.compile(r"connection (closed|reset)|broken pipe|peer|DistBackendError|"
+                          r"DistNetworkError|remote process|NCCL (error|communicator)|"
+                          r"timed? ?out|abort", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class End:
+    rank: int
+    earliest: float  # Unix time
+    latest: float
+    how: str  # exit, exception or vanished
+    code: int | None
+    error: str
+
+    @property
+    def cause(self) -> int:
+        """0 explains the others best: own crash, kill, peer failure, normal exit."""
+        if self.how == "exception":
+            return 2 if PEER_FAILURE.search(self.error) else 0
+        if self.how == "vanished":
+            return 1
+        return 3 if self.code == 0 else 0
+
+    def words(self) -> str:
+        if self.how == "exception":
+            return f"code {self.code}: {self.error}"
+        if self.how == "vanished":
+            return (f"killed by signal {-self.code}" if self.code is not None and self.code < 0
+                    else f"code {self.code}" if self.code is not None
+                    else "no exit record: killed by a signal or os._exit")
+        return f"code {self.code}"
+
+    def json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "how": self.how, "code": self.code, "error": self.error,
+                "earliest": round(self.earliest, 3), "latest": round(self.latest, 3)}
+
+
+def end_of(track: RankTrack, process: Process | None) -> End | None:
+    who, record = track.state.identity, track.state.exit
+    if record is not None:
+        return End(who.rank, record.at, record.at, record.how, record.code, record.error)
+    if process is not None and process.gone_at is not None:
+        return End(who.rank, min(track.mtime, process.gone_at), process.gone_at, "vanished",
+                   process.exit_status, "")
+    return None
+
+
+def verdict(job: str, ranks: list[int], ends: list[End]) -> dict[str, Any] | None:
+    """The job's end for /api/v1/ranks: ended (every local rank), first, and one sentence."""
+    if not ends:
+        return None
+    ended = len(ends) == len(ranks)
+    alive = sorted(set(ranks) - {e.rank for e in ends})
+    latest = min(e.latest for e in ends)
+    possible = [e for e in ends if e.earliest <= latest]
+    best = min(e.cause for e in possible)
+    first = sorted((e for e in possible if e.cause == best), key=lambda e: e.earliest)
+    rest = "" if ended else f"; rank(s) {spans_text(alive)} still run"
+    if best == 3 and all(e.cause == 3 for e in ends):
+        text = (f"job {job} ended: every rank on this node exited normally" if ended else
+                f"job {job}: rank(s) {spans_text([e.rank for e in ends])} exited normally{rest}")
+        first = []
+    elif len(first) > 1 and best == 1:
+        spread = max(e.latest for e in first) - min(e.earliest for e in first)
+        text = (f"job {job} ended: ranks {spans_text([e.rank for e in first])} stopped within "
+                f"{spread:.1f} s of each other without an exit record (a signal from outside: "
+                f"torchrun's teardown, preemption or a kill){rest}")
+        first = []
+    else:
+        culprit = first[0]
+        others = [e.rank for e in ends if e.rank != culprit.rank]
+        text = (f"job {job}: rank {culprit.rank} exited first ({culprit.words()}) and took the "
+                f"job down" + (f"; rank(s) {spans_text(others)} ended after it" if others else "")
+                + rest)
+        first = first[:1]
+    return {"ended": ended, "first": [e.rank for e in first],
+            "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)], "summary": text}
