@@ -50,7 +50,7 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    notes="rank 3 calls sys.exit(3); torchrun tears the job down"),
         FaultClass("sigkill", "sigkill", 3, r"kill|signal 9|SIGKILL|-9\b", HANG_WINDOW,
                    notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
-        FaultClass("sigstop", "sigstop", 3, r"stopped|frozen|SIGSTOP", HANG_WINDOW,
+        FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW,
                    notes="rank 3 (reporter thread included) is frozen with SIGSTOP"),
         FaultClass("desync-size", "desync-size", 3, r"desync|mismatch|size", HANG_WINDOW,
                    notes="rank 3 all-reduces 72 floats where its peers all-reduce 64"),
@@ -109,9 +109,10 @@ class Sighting:
                 "blamed_wrong": sorted(self.blamed_wrong)}
 
 
-RANK_RE = re.compile(r"\brank (\d+)\b", re.IGNORECASE)
+RANK_RE = re.compile(r"\brank (\d+)\b(?!\s+waits?\b)", re.IGNORECASE)
 
 
 def ranks_in(text: str) -> set[int]:
-    """Ranks a line blames: every singular `rank N` in it (plural `ranks 0-2` list the waiters)."""
+    """Ranks a line blames: every singular `rank N` in it, except `rank N waits` (a waiter, as
+    the plural `ranks 0-2 wait` are)."""
     return {int(m) for m in RANK_RE.findall(text)}

@@ -31,7 +31,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).with_name("trainer.py")
 NODES = ("node-a", "node-b")
 CLUSTER = "bench"
-NS_PREFIX = "llmf"
+# Namespaces of this run (the pid keeps concurrent runs apart; veth names stay under 16 bytes).
+NS_PREFIX = f"lf{os.getpid() % 4096:03x}"
 SCRAPE = "15s"  # deploy/prometheus/prometheus.yml's scrape and evaluation interval
 
 

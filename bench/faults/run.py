@@ -34,6 +34,7 @@ ONSET_TIMEOUT = 60.0
 RESULTS = CHECKOUT / "bench" / "results" / "faults.json"
 DOC = CHECKOUT / "docs" / "faults.md"
 MARK = "<!-- table -->"
+SOURCES = ("api", "diagnose", "page")
 
 
 @dataclass
@@ -48,8 +49,8 @@ class Run:
     onset: float | None = None
     go_at: float | None = None
     error: str = ""
-    sources: dict[str, Sighting] = field(default_factory=lambda: {
-        "api": Sighting(), "diagnose": Sighting(), "page": Sighting()})
+    sources: dict[str, Sighting] = field(
+        default_factory=lambda: {k: Sighting() for k in SOURCES})
     pages: int = 0
     tickets: list[str] = field(default_factory=list)
     job_ended_at: float | None = None
@@ -59,14 +60,15 @@ class Run:
                    if job.get("job_id") == self.job.job_id
                    for rank in job.get("ranks", []) if rank.get("up"))
 
-    def finished(self, now: float) -> bool:
+    def finished(self, now: float, needed: tuple[str, ...]) -> bool:
+        """The window is over, or every `needed` source named the culprit and the cause."""
         if self.onset is None:
             return False
         if now - self.onset >= self.fault.window:
             return True
-        seen = self.sources.values()
         return not self.fault.must_not_page and all(
-            s.named_at is not None and s.cause_at is not None for s in seen)
+            self.sources[k].named_at is not None and self.sources[k].cause_at is not None
+            for k in needed)
 
     def result(self) -> dict[str, Any]:
         seen = self.sources
@@ -101,7 +103,7 @@ def _go(run: Run, now: float) -> None:
 
 
 def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
-          diagnosed: dict[str, str], notes: list[Any]) -> None:
+          diagnosed: dict[str, str], notes: list[Any], needed: tuple[str, ...]) -> None:
     fault = run.fault
     if run.phase == "starting":
         if run.up_ranks(ranks) >= fault.world:
@@ -138,13 +140,14 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
     # The notification column: pages, and tickets for the classes whose alert is a warning.
     run.sources["page"].observe(t, "\n".join(filter(None, (text, tickets))),
                                 blamed | ticket_blamed, fault)
-    if run.finished(now):
+    if run.finished(now, needed):
         run.phase = "done"
 
 
-def bench(selected: list[FaultClass], parallel: int, work: Path) -> list[dict[str, Any]]:
-    """Run `selected`: background classes all at once, the others `parallel` at a time."""
-    remove_namespaces()
+def bench(selected: list[FaultClass], parallel: int, work: Path,
+          needed: tuple[str, ...] = SOURCES) -> list[dict[str, Any]]:
+    """Run `selected`: background classes all at once, the others `parallel` at a time; a
+    class ends when its window does, or once every `needed` source named culprit and cause."""
     results: list[dict[str, Any]] = []
     queue = sorted(selected, key=lambda c: not c.background)
     active: list[Run] = []
@@ -173,7 +176,7 @@ def bench(selected: list[FaultClass], parallel: int, work: Path) -> list[dict[st
                              if polls % DIAGNOSE_EVERY == 0 else {})
                 notes = cluster.receiver.snapshot() if cluster.receiver else []
                 for run in list(active):
-                    _step(run, now, ranks, diagnosed, notes)
+                    _step(run, now, ranks, diagnosed, notes, needed)
                     if run.phase == "done":
                         run.job.__exit__()
                         active.remove(run)
