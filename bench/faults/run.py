@@ -56,9 +56,12 @@ class Run:
     job_ended_at: float | None = None
 
     def up_ranks(self, ranks: dict[str, dict[str, Any]]) -> int:
+        """Ranks that report and (with a warm-up) have stepped: the warm-up counts from the first
+        steps; a class without one is watched from the first report (slow-start's long step 0)."""
         return sum(1 for answer in ranks.values() for job in answer.get("jobs", [])
                    if job.get("job_id") == self.job.job_id
-                   for rank in job.get("ranks", []) if rank.get("up"))
+                   for rank in job.get("ranks", [])
+                   if rank.get("up") and (rank.get("steps") or not self.fault.warmup))
 
     def finished(self, now: float, needed: tuple[str, ...]) -> bool:
         """The window is over, or every `needed` source named the culprit and the cause."""
@@ -103,7 +106,7 @@ def _go(run: Run, now: float) -> None:
 
 
 def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
-          diagnosed: dict[str, str], notes: list[Any], needed: tuple[str, ...]) -> None:
+          diagnosed: dict[str, list[str]], notes: list[Any], needed: tuple[str, ...]) -> None:
     fault = run.fault
     if run.phase == "starting":
         if run.up_ranks(ranks) >= fault.world:
@@ -184,6 +187,8 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                         print(row(results[-1]), flush=True)
                 polls += 1
                 time.sleep(max(0.0, POLL - (time.time() - now)))
+        except KeyboardInterrupt:  # stop, clean up, and still report what was measured
+            print("interrupted", flush=True)
         finally:
             for run in active:
                 run.job.__exit__()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from typing import Any, Iterable
 
 from bench.faults.classes import ranks_in
@@ -64,31 +65,44 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
     return "\n".join(lines), _job_ended(blamed, world)
 
 
-def diagnose_text(url: str) -> str:
-    """`llmmon diagnose --ranks` and `llmmon diagnose --hang` against one daemon, as printed."""
-    out = []
-    for flags in (["--ranks"], ["--hang"]):
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(io.StringIO()):
-            try:
-                cli.main(["diagnose", "--url", url, *flags])
-            except SystemExit:
-                pass
-            except Exception as exc:  # noqa: BLE001 (a failing source is a finding here)
-                print(f"diagnose {flags} failed: {exc}")
-        out.append(buffer.getvalue())
-    return "\n".join(out)
+def _cli(*argv: str) -> str:
+    """What `llmmon <argv>` prints (run in this process: no interpreter start per look)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            cli.main(list(argv))
+        except SystemExit:
+            pass
+        except Exception as exc:  # noqa: BLE001 (a failing source is a finding here)
+            print(f"diagnose {argv} failed: {exc}")
+    return buffer.getvalue()
 
 
-def diagnose(texts: dict[str, str], job_id: str, world: int) -> tuple[str, set[int]]:
-    """Lines of the nodes' diagnose output that are about the job and not `ok`."""
-    lines = [f"{node}: {line.strip()}" for node, text in sorted(texts.items())
-             for line in text.splitlines()
-             if job_id in line and not line.lstrip().lower().startswith(("[ok", "ok "))]
+def diagnose_text(url: str) -> list[str]:
+    """What `llmmon diagnose` claims on one daemon: the `--ranks` findings marked [CRIT] or
+    [WARN], and each suspect check of `--hang` (its summary and each evidence item)."""
+    lines = [line.strip() for line in _cli("diagnose", "--url", url, "--ranks").splitlines()
+             if line.startswith(("[CRIT]", "[WARN]"))]
+    try:
+        report = json.loads(_cli("diagnose", "--url", url, "--hang", "--json"))
+    except ValueError:
+        return lines
+    for branch in report.get("branches", []):
+        for check in branch.get("checks", []):
+            if check.get("verdict") == "suspect":
+                head = f"SUSPECT {check.get('title')}"
+                lines.append(f"{head}: {check.get('summary')}")
+                lines += [f"{head}: {item.get('text')}" for item in check.get("evidence", [])]
+    return lines
+
+
+def diagnose(claims: dict[str, list[str]], job_id: str, world: int) -> tuple[str, set[int]]:
+    """The nodes' diagnose claims about the job, and the ranks they blame."""
+    lines = [f"{node}: {line}" for node, found in sorted(claims.items()) for line in found
+             if job_id in line]
     blamed: set[int] = set()
     for line in lines:
-        if any(mark in line for mark in ("[CRIT]", "[WARN]", "SUSPECT", "suspect", "CRIT")):
-            blamed |= ranks_in(line.split(job_id, 1)[1])
+        blamed |= ranks_in(line.split(job_id, 1)[1])
     return "\n".join(lines), _job_ended(blamed, world)
 
 
