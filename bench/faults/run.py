@@ -207,17 +207,27 @@ def _yn(value: bool | None) -> str:
 
 
 HEADER = ("| class | detected | culprit right | cause right | API s (named/cause) | "
-          "diagnose s | page s | false pages | tickets |\n|---|---|---|---|---|---|---|---|---|")
+          "diagnose s | page s | page names pod + node | false pages | tickets |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def names_where(r: dict[str, Any]) -> bool | None:
+    """Whether the notification that named the culprit also names its pod and node (node-b)."""
+    page = r["sources"]["page"]
+    if r["culprit"] is None:
+        return None
+    culprit_node = NODES[-1]  # the culprit, rank 3, is node-b's
+    return page["named_at"] is not None and f"{r['job_id']}-{culprit_node}" in page["said"] \
+        and f"node {culprit_node}" in page["said"]
 
 
 def row(r: dict[str, Any]) -> str:
     src = r["sources"]
-    cells = [f"{_s(src[k]['named_at'])}/{_s(src[k]['cause_at'])}"
-             for k in ("api", "diagnose", "page")]
+    cells = [f"{_s(src[k]['named_at'])}/{_s(src[k]['cause_at'])}" for k in SOURCES]
     name = r["class"] + (f" ({r['error']})" if r["error"] else "")
     return (f"| {name} | {_yn(r['detected'])} | {_yn(r['culprit_right'])} | "
-            f"{_yn(r['cause_right'])} | {' | '.join(cells)} | {r['false_pages']} | "
-            f"{', '.join(r['tickets']) or '–'} |")
+            f"{_yn(r['cause_right'])} | {' | '.join(cells)} | {_yn(names_where(r))} | "
+            f"{r['false_pages']} | {', '.join(r['tickets']) or '–'} |")
 
 
 def said(results: list[dict[str, Any]]) -> str:
@@ -255,7 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="write the table into docs/faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="run nothing: print (and with --docs write) the table of a results file")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        report(saved["results"], saved["meta"], args.docs)
+        return 0
     every = classes(args.healthy)
     wanted = [c for c in args.classes.split(",") if c]
     unknown = set(wanted) - {c.name for c in every}
@@ -281,13 +297,17 @@ def main(argv: list[str] | None = None) -> int:
             "classes": [c.name for c in selected], "nodes": list(NODES)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    report(results, meta, args.docs)
+    return 0
+
+
+def report(results: list[dict[str, Any]], meta: dict[str, Any], docs: bool) -> None:
     print("\n" + HEADER)
     for r in results:
         print(row(r))
     print("\n" + said(results))
-    if args.docs:
+    if docs:
         write_doc(results, meta)
-    return 0
 
 
 if __name__ == "__main__":
