@@ -21,7 +21,8 @@ class FaultClass:
     window: float  # seconds watched after the onset
     nproc: tuple[int, int] = (2, 2)  # ranks on node-a, node-b
     must_not_page: bool = False
-    netem: str | None = None  # tc netem arguments on the link between the nodes
+    # tc qdiscs for the link between the nodes, tried in order (the first the kernel has is used)
+    qdiscs: tuple[str, ...] = ()
     trainer_args: tuple[str, ...] = ()
     background: bool = False  # long: runs beside the others for the whole bench
     warmup: float = 30.0  # healthy seconds before the fault
@@ -60,8 +61,10 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    nproc=(3, 1), trainer_args=("--slow", "1.4"), background=True,
                    notes="rank 3, alone on node-b, takes 40 % longer per step; no timing mode"),
         FaultClass("network", "none", None, r"network|netem|link|retransmi|loss", HANG_WINDOW,
-                   netem="delay 40ms 10ms loss 5%",
-                   notes="netem delay 40±10 ms, 5 % loss on the veth between the nodes"),
+                   qdiscs=("netem delay 40ms 10ms loss 5%",
+                           "tbf rate 8mbit burst 32kbit latency 400ms"),
+                   notes="the veth between the nodes degraded: netem 40±10 ms delay and 5 % loss, "
+                   "or where the kernel has no sch_netem, tbf at 8 Mbit/s"),
         FaultClass("nan", "nan", None, r"non-?finite|\bnan\b", 240.0,
                    notes="rank 3 reports a NaN loss every step"),
         FaultClass("fp16", "fp16", None, r"fp16|\bhalf\b|bf16", 1200.0, background=True,

@@ -5,7 +5,7 @@ Each node is a directory (spool, Flight Recorder dumps, dump pipes) with its own
 service discovery would give (`node`, `cluster`) and loads the shipped rules unchanged;
 Alertmanager routes with the shipped tree (group_wait/interval unchanged) to a local webhook.
 A job is two `torchrun --nnodes 2` launches under `llmmon launch`, one per node, each in its
-own network namespace; the namespaces are joined by a veth pair, so `tc netem` on it degrades
+own network namespace; the namespaces are joined by a veth pair, so a tc qdisc on it degrades
 exactly the traffic between the nodes.  Everything started here is stopped by PID (torchrun's
 process group, every rank's PID, every PID left in the job's namespaces), and the namespaces
 are deleted, whatever happens.
@@ -227,11 +227,20 @@ class Job:
                self.veth(node))
             sh("ip", "-n", self.ns(node), "link", "set", self.veth(node), "up")
 
-    def netem(self, spec: str) -> None:
-        """Degrade the link between the nodes, both directions."""
-        for node in (0, 1):
-            sh("ip", "netns", "exec", self.ns(node), "tc", "qdisc", "add", "dev",
-               self.veth(node), "root", "netem", *spec.split())
+    def degrade(self, qdiscs: tuple[str, ...]) -> str:
+        """Degrade the link between the nodes, both directions, with the first of `qdiscs` the
+        kernel has (a container's kernel may lack sch_netem); returns the one used."""
+        errors = []
+        for spec in qdiscs:
+            done = [sh("ip", "netns", "exec", self.ns(node), "tc", "qdisc", "add", "dev",
+                       self.veth(node), "root", *spec.split(), check=False) for node in (0, 1)]
+            if all(result.returncode == 0 for result in done):
+                return spec
+            errors += [r.stderr.strip() for r in done if r.returncode]
+            for node in (0, 1):
+                sh("ip", "netns", "exec", self.ns(node), "tc", "qdisc", "del", "dev",
+                   self.veth(node), "root", check=False)
+        raise RuntimeError(f"no qdisc of {qdiscs} could be added: {errors}")
 
     def __enter__(self) -> Job:
         try:

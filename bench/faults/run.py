@@ -54,6 +54,7 @@ class Run:
     pages: int = 0
     tickets: list[str] = field(default_factory=list)
     job_ended_at: float | None = None
+    shaped: str = ""  # the qdisc that degraded the link, for the network class
 
     def up_ranks(self, ranks: dict[str, dict[str, Any]]) -> int:
         """Ranks that report and (with a warm-up) have stepped: the warm-up counts from the first
@@ -80,7 +81,8 @@ class Run:
         false_pages = self.pages if self.fault.must_not_page else (
             self.pages if wrong & seen["page"].blamed_wrong else 0)
         return {
-            "class": self.fault.name, "notes": self.fault.notes,
+            "class": self.fault.name,
+            "notes": self.fault.notes + (f" (used: {self.shaped})" if self.shaped else ""),
             "job_id": self.job.job_id, "culprit": self.fault.culprit,
             "must_not_page": self.fault.must_not_page, "window_s": self.fault.window,
             "error": self.error,
@@ -98,8 +100,8 @@ class Run:
 
 def _go(run: Run, now: float) -> None:
     fault = run.fault
-    if fault.netem:
-        run.job.netem(fault.netem)
+    if fault.qdiscs:
+        run.shaped = run.job.degrade(fault.qdiscs)
         run.onset = now
     (run.job.ctl / "go").touch()
     run.go_at = now
@@ -170,8 +172,12 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                                str(3 if fault.culprit is None else fault.culprit),
                                "--duration", str(fault.warmup + fault.window + 600),
                                *fault.trainer_args])
-                    job.__enter__()
-                    active.append(Run(fault, job))
+                    run = Run(fault, job)
+                    try:
+                        job.__enter__()
+                    except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
+                        run.error, run.phase = f"start: {exc}", "done"
+                    active.append(run)
                     print(f"started {job.job_id}", flush=True)
                 now = time.time()
                 ranks = cluster.ranks()
@@ -179,7 +185,10 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                              if polls % DIAGNOSE_EVERY == 0 else {})
                 notes = cluster.receiver.snapshot() if cluster.receiver else []
                 for run in list(active):
-                    _step(run, now, ranks, diagnosed, notes, needed)
+                    try:
+                        _step(run, now, ranks, diagnosed, notes, needed)
+                    except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
+                        run.error, run.phase = f"{type(exc).__name__}: {exc}"[:300], "done"
                     if run.phase == "done":
                         run.job.__exit__()
                         active.remove(run)

@@ -18,7 +18,7 @@ time) the moment they inject it, so latencies count from the fault itself.  Faul
   slow-start  the first step is slow: rank 0 `--pause` s, the others a third of it (compilation)
   nan         the culprit reports a NaN loss every step from then on
   fp16        gradients are all-reduced in fp16 (DDP's fp16 compression hook) from the start
-  none        healthy (also: network, whose fault the harness injects with tc netem)
+  none        healthy (also: network, whose fault the harness injects with tc on the link)
 """
 
 from __future__ import annotations
