@@ -98,12 +98,21 @@ class Run:
         }
 
 
-def _go(run: Run, now: float) -> None:
+GO_AHEAD = 100  # steps past the count the API shows (it lags the ranks by a few seconds)
+
+
+def _go(run: Run, now: float, ranks: dict[str, dict[str, Any]]) -> None:
+    """Ask for the fault at a step every rank is yet to reach (written atomically)."""
     fault = run.fault
     if fault.qdiscs:
         run.shaped = run.job.degrade(fault.qdiscs)
         run.onset = now
-    (run.job.ctl / "go").touch()
+    steps = [rank.get("steps") or 0 for answer in ranks.values()
+             for job in answer.get("jobs", []) if job.get("job_id") == run.job.job_id
+             for rank in job.get("ranks", [])]
+    temporary = run.job.ctl / ".go"
+    temporary.write_text(str(max(steps, default=0) + GO_AHEAD))
+    temporary.rename(run.job.ctl / "go")
     run.go_at = now
 
 
@@ -117,7 +126,7 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
             run.error, run.phase = "the job did not start", "done"
         return
     if run.phase == "warm" and now - (run.warm_since or now) >= fault.warmup:
-        _go(run, now)
+        _go(run, now, ranks)
         run.phase = "injected"
     if run.phase != "injected":
         return
@@ -274,12 +283,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="write the table into docs/faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--render", type=Path, metavar="JSON",
-                        help="run nothing: print (and with --docs write) the table of a results file")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print (and with --docs write) the table of results "
+                        "files; a class in a later file replaces the earlier one")
     args = parser.parse_args(argv)
     if args.render:
-        saved = json.loads(args.render.read_text())
-        report(saved["results"], saved["meta"], args.docs)
+        merged: dict[str, dict[str, Any]] = {}
+        metas = []
+        for path in args.render:
+            saved = json.loads(path.read_text())
+            metas.append(saved["meta"])
+            merged.update((r["class"], r) for r in saved["results"])
+        order = [c.name for c in classes(0)]
+        meta = {**metas[0], "finished": " and ".join(m["finished"] for m in metas),
+                "classes": [c for c in order if c in merged]}
+        report(sorted(merged.values(), key=lambda r: order.index(r["class"])), meta, args.docs)
         return 0
     every = classes(args.healthy)
     wanted = [c for c in args.classes.split(",") if c]

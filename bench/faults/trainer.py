@@ -3,7 +3,7 @@
 Run by torchrun under `llmmon launch` (the reporter starts through the launcher's hook; this
 script only calls `reporter.step()`).  Every step: a data-loader call, "compute" (a sleep that
 makes the step `--step` seconds long), DDP's gradient all-reduce, the optimiser.  The harness
-asks for the fault by creating `<ctl>/go`; the culprit rank(s) write `<ctl>/onset.<rank>` (Unix
+asks for the fault by writing a step number into `<ctl>/go`; the culprit rank(s) write `<ctl>/onset.<rank>` (Unix
 time) the moment they inject it, so latencies count from the fault itself.  Faults (`--fault`):
 
   loader      the culprit's data loader never returns (sleeps in `load_next_batch`)
@@ -81,6 +81,15 @@ def save_checkpoint(model: torch.nn.Module, path: Path, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def fault_step(go: Path) -> float:
+    """The step the fault starts at: `go` holds it (a few steps ahead of the fastest rank, so
+    that every rank injects at the same step and a desync is one at the same sequence number)."""
+    try:
+        return int(go.read_text())
+    except (OSError, ValueError):
+        return float("inf")
+
+
 def mark_onset(ctl: Path, rank: int) -> None:
     (ctl / f"onset.{rank}").write_text(f"{time.time():.3f}\n")
 
@@ -105,7 +114,7 @@ def main() -> None:
     step = 0
     while time.monotonic() - started < args.duration:
         begin = time.monotonic()
-        fault = args.fault if (injected or go.exists()) else "none"
+        fault = args.fault if (injected or step >= fault_step(go)) else "none"
         if fault != "none" and not injected:
             injected = True
             if culprit or (fault == "checkpoint" and rank == 0):
