@@ -90,12 +90,15 @@ class Sighting:
     said: str = ""  # what it said when it first named the culprit (or first spoke)
     blamed_wrong: set[int] = field(default_factory=set)  # ranks it blamed that are not the culprit
 
-    def observe(self, t: float, text: str, blamed: set[int], fault: FaultClass) -> None:
-        """One look at a source: `text` is what it says about the job, `blamed` the ranks it blames."""
+    def observe(self, t: float, text: str, blamed: set[int], fault: FaultClass,
+                job_id: str) -> None:
+        """One look at a source: `text` is what it says about the job, `blamed` the ranks it
+        blames.  The cause is looked for with the job id taken out (it holds the class's name)."""
         if not text:
             return
+        about = text.replace(job_id, "<job>")
         if fault.culprit is None:
-            named = not blamed and bool(fault.cause_re.search(text))
+            named = not blamed and bool(fault.cause_re.search(about))
         else:
             named = fault.culprit in blamed
         self.blamed_wrong |= blamed - ({fault.culprit} if fault.culprit is not None else set())
@@ -104,7 +107,7 @@ class Sighting:
         if not self.said:
             self.said = text
         if self.cause_at is None and (named or fault.culprit is None) \
-                and fault.cause_re.search(text):
+                and fault.cause_re.search(about):
             self.cause_at = t
 
     def as_json(self) -> dict[str, object]:

@@ -143,17 +143,17 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
     t = round(now - run.onset, 1)
     world = fault.world
     text, blamed = watch.api(ranks, run.job.job_id, world)
-    run.sources["api"].observe(t, text, blamed, fault)
+    run.sources["api"].observe(t, text, blamed, fault, run.job.job_id)
     if diagnosed:
         text, blamed = watch.diagnose(diagnosed, run.job.job_id, world)
-        run.sources["diagnose"].observe(t, text, blamed, fault)
+        run.sources["diagnose"].observe(t, text, blamed, fault, run.job.job_id)
     text, blamed, count = watch.pages(notes, run.job.job_id, ("pager",))
     run.pages = count
     tickets, ticket_blamed, _ = watch.pages(notes, run.job.job_id, ("tickets",))
     run.tickets = [line.split(":")[0] for line in tickets.splitlines()]
     # The notification column: pages, and tickets for the classes whose alert is a warning.
     run.sources["page"].observe(t, "\n".join(filter(None, (text, tickets))),
-                                blamed | ticket_blamed, fault)
+                                blamed | ticket_blamed, fault, run.job.job_id)
     if run.finished(now, needed):
         run.phase = "done"
 
@@ -225,8 +225,8 @@ def _yn(value: bool | None) -> str:
 
 
 HEADER = ("| class | detected | culprit right | cause right | API s (named/cause) | "
-          "diagnose s | page s | page names pod + node | false pages | tickets |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          "diagnose s | page s | page names pod + node | ranks wrongly blamed | false pages | "
+          "tickets |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def names_where(r: dict[str, Any]) -> bool | None:
@@ -245,7 +245,8 @@ def row(r: dict[str, Any]) -> str:
     name = r["class"] + (f" ({r['error']})" if r["error"] else "")
     return (f"| {name} | {_yn(r['detected'])} | {_yn(r['culprit_right'])} | "
             f"{_yn(r['cause_right'])} | {' | '.join(cells)} | {_yn(names_where(r))} | "
-            f"{r['false_pages']} | {', '.join(r['tickets']) or '–'} |")
+            f"{', '.join(map(str, r['blamed_wrong'])) or '–'} | {r['false_pages']} | "
+            f"{', '.join(r['tickets']) or '–'} |")
 
 
 def said(results: list[dict[str, Any]]) -> str:
@@ -287,19 +288,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: print (and with --docs write) the table of results "
                         "files; a class in a later file replaces the earlier one")
     args = parser.parse_args(argv)
+    every = classes(args.healthy)
+    known = {c.name: c for c in every}
     if args.render:
         merged: dict[str, dict[str, Any]] = {}
         metas = []
         for path in args.render:
             saved = json.loads(path.read_text())
             metas.append(saved["meta"])
+            if not saved["meta"].get("cause_without_job_id"):
+                saved["results"] = [recheck_cause(r, known) for r in saved["results"]]
             merged.update((r["class"], r) for r in saved["results"])
         order = [c.name for c in classes(0)]
         meta = {**metas[0], "finished": " and ".join(m["finished"] for m in metas),
                 "classes": [c for c in order if c in merged]}
         report(sorted(merged.values(), key=lambda r: order.index(r["class"])), meta, args.docs)
         return 0
-    every = classes(args.healthy)
     wanted = [c for c in args.classes.split(",") if c]
     unknown = set(wanted) - {c.name for c in every}
     if unknown:
@@ -321,11 +325,31 @@ def main(argv: list[str] | None = None) -> int:
             "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
             "healthy_s": args.healthy, "parallel": args.parallel,
-            "classes": [c.name for c in selected], "nodes": list(NODES)}
+            "classes": [c.name for c in selected], "nodes": list(NODES),
+            "cause_without_job_id": True}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     report(results, meta, args.docs)
     return 0
+
+
+def recheck_cause(r: dict[str, Any], known: dict[str, FaultClass]) -> dict[str, Any]:
+    """Results written before the cause was looked for without the job id (which holds the
+    class's name and matched every cause): the cause again, in each source's first statement
+    only; a cause said only later is lost (shown –)."""
+    fault = known[r["class"]]
+    for source in r["sources"].values():
+        about = source["said"].replace(r["job_id"], "<job>")
+        said_it = bool(about) and bool(fault.cause_re.search(about))
+        source["cause_at"] = source["named_at"] if said_it and (
+            fault.culprit is not None) else (source["cause_at"] if said_it else None)
+        if fault.culprit is None:
+            source["named_at"] = source["named_at"] if said_it else None
+    if not r["must_not_page"]:
+        r["detected"] = any(s["named_at"] is not None for s in r["sources"].values())
+        r["culprit_right"] = r["detected"] and not r["blamed_wrong"]
+        r["cause_right"] = any(s["cause_at"] is not None for s in r["sources"].values())
+    return r
 
 
 def report(results: list[dict[str, Any]], meta: dict[str, Any], docs: bool) -> None:
