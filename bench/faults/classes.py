@@ -49,7 +49,7 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    notes="rank 3 deadlocks on a lock it holds (update_metrics)"),
         FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW,
                    notes="rank 3 calls sys.exit(3); torchrun tears the job down"),
-        FaultClass("sigkill", "sigkill", 3, r"kill|signal 9|SIGKILL|-9\b", HANG_WINDOW,
+        FaultClass("sigkill", "sigkill", 3, r"\bSIGKILL\b|signal 9|\bkilled\b", HANG_WINDOW,
                    notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
         FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW,
                    notes="rank 3 (reporter thread included) is frozen with SIGSTOP"),

@@ -245,7 +245,7 @@ def row(r: dict[str, Any]) -> str:
     name = r["class"] + (f" ({r['error']})" if r["error"] else "")
     return (f"| {name} | {_yn(r['detected'])} | {_yn(r['culprit_right'])} | "
             f"{_yn(r['cause_right'])} | {' | '.join(cells)} | {_yn(names_where(r))} | "
-            f"{', '.join(map(str, r['blamed_wrong'])) or '–'} | {r['false_pages']} | "
+            f"{', '.join(f'rank {n}' for n in r['blamed_wrong']) or '–'} | {r['false_pages']} | "
             f"{', '.join(r['tickets']) or '–'} |")
 
 
