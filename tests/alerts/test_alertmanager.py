@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import requests
+
 from alert_helpers import ALERTMANAGER_CONFIG, Alertmanager, promtool_cases
+from llmmon.simulate import stack
 
 TEMPLATES = ALERTMANAGER_CONFIG.parent / "notifications.tmpl"
 
@@ -82,7 +85,7 @@ def test_job_alerts_are_grouped_per_job_and_node_alerts_per_node(alertmanager: A
         {**lost, "node": "node-a", "uuid": "GPU-a0"}, {**lost, "node": "node-a", "uuid": "GPU-a1"},
         {**lost, "node": "node-b", "uuid": "GPU-b0"})])
     expected = {
-        ("pager", (("alertname", "LLMTrainingHang"), ("cluster", "c1"), ("job_id", "llama")), 2),
+        ("pager", (("cluster", "c1"), ("job_id", "llama")), 2),
         ("pager", (("alertname", "GPULost"), ("cluster", "c1"), ("node", "node-a")), 2),
         ("pager", (("alertname", "GPULost"), ("cluster", "c1"), ("node", "node-b")), 1),
     }
@@ -140,6 +143,8 @@ SOURCES = {
     "xidaction": {"alertname": "GPUXidActionRequired", "severity": "critical", "cluster": "c1",
                   "node": "node-e", "gpu": "2", "uuid": "GPU-e2", "xid": "48",
                   "action": "reset_gpu"},
+    "hangnodes": {"alertname": "LLMTrainingHangNodes", "severity": "info", "cluster": "c1",
+                  "node": "node-f", "job_id": "llama"},
 }
 MUTED = {  # target -> (labels, the source that mutes it)
     "straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning", "reason": "collective_time",
@@ -172,6 +177,10 @@ MUTED = {  # target -> (labels, the source that mutes it)
                    "gpu": "1", "uuid": "GPU-d1", "reason": "sw_thermal_slowdown"}, "hwthermal"),
     "xid-generic": ({"alertname": "GPUXidError", "severity": "critical", "cluster": "c1",
                      "node": "node-e", "gpu": "2", "uuid": "GPU-e2", "xid": "48"}, "xidaction"),
+    "hang-linkdown": ({"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1", "node": "node-f",
+                       "device": "mlx5_2", "port": "1"}, "hangnodes"),
+    "hang-pfc": ({"alertname": "RDMAPFCStorm", "severity": "critical", "reason": "storm_error_events",
+                  "cluster": "c1", "node": "node-f", "netdev": "eth2"}, "hangnodes"),
 }
 ACTIVE = {
     "other-job": {"alertname": "LLMTrainingStraggler", "severity": "warning", "cluster": "c1",
@@ -190,6 +199,10 @@ ACTIVE = {
                    "cluster": "c1", "job_id": "llama", "rank": "6", "node": "node-b", "uuid": "GPU-b6"},
     "other-xid": {"alertname": "GPUXidError", "severity": "critical", "cluster": "c1", "node": "node-e",
                   "gpu": "2", "uuid": "GPU-e2", "xid": "79"},
+    "hang-other-node": {"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1", "node": "node-g",
+                        "device": "mlx5_2", "port": "1"},
+    "hang-not-network": {"alertname": "DiskReadSaturated", "severity": "warning", "cluster": "c1",
+                         "node": "node-f", "device": "md0"},
     "other-name": {"alertname": "GPUXidError", "severity": "warning", "cluster": "c1", "node": "node-d",
                    "gpu": "1", "uuid": "GPU-d1", "xid": "13"},
 }
@@ -212,3 +225,55 @@ def test_each_inhibition_mutes_exactly_its_targets(alertmanager: Alertmanager) -
         time.sleep(0.1)
     assert state == expected
     assert all(got[name]["status"]["state"] == ("suppressed" if name in MUTED else "active") for name in got)
+
+
+def test_a_hung_job_pages_once_with_its_network_cause_and_the_network_alert_does_not(
+        tmp_path: Path) -> None:
+    """The shipped routing in a real Alertmanager delivering to a webhook: the hang of job llama
+    (two ranks, two nodes, plus its NaN loss) is one notification; node-b's link down, which the
+    hang page names, is muted by LLMTrainingHangNodes; the same alert on a node without the job
+    pages on its own."""
+    receiver = stack.WebhookReceiver()
+    manager = stack.start_alertmanager(
+        stack.find_binary("alertmanager", "prometheus-alertmanager"), tmp_path,
+        stack.alertmanager_config(receiver.url, group_wait="1s", group_interval="2s"))
+    try:
+        job = {"severity": "critical", "cluster": "c1", "job_id": "llama"}
+        link = {"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1",
+                "device": "mlx5_0", "port": "1"}
+        alerts = [
+            {**job, "alertname": "LLMTrainingHang", "reason": "rank_not_enqueued", "rank": "3",
+             "node": "node-b", "pg": "0"},
+            {**job, "alertname": "LLMTrainingHang", "reason": "rank_not_enqueued", "rank": "3",
+             "node": "node-b", "pg": "1"},
+            {**job, "alertname": "LLMTrainingLossNonFinite"},
+            {"alertname": "LLMTrainingHangNodes", "severity": "info", "cluster": "c1",
+             "job_id": "llama", "node": "node-a"},
+            {"alertname": "LLMTrainingHangNodes", "severity": "info", "cluster": "c1",
+             "job_id": "llama", "node": "node-b"},
+            {**link, "node": "node-b"},
+            {**link, "node": "node-e"},
+        ]
+        response = requests.post(f"{manager.url}/api/v2/alerts", timeout=5, json=[
+            {"labels": labels, "annotations": {"description": "d"}, **_window()}
+            for labels in alerts])
+        assert response.status_code == 200, response.text
+
+        def delivered() -> list[tuple[str, tuple[tuple[str, str], ...], int]]:
+            return sorted((n.receiver, tuple(sorted(n.payload["groupLabels"].items())),
+                           len(n.payload["alerts"])) for n in receiver.snapshot()
+                          if n.receiver != "record-only")
+
+        deadline = time.monotonic() + 60
+        while len(delivered()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        states = {(a["labels"]["alertname"], a["labels"].get("node")): a["status"]["state"]
+                  for a in requests.get(f"{manager.url}/api/v2/alerts", timeout=5).json()}
+        assert delivered() == [
+            ("pager", (("alertname", "RDMALinkDown"), ("cluster", "c1"), ("node", "node-e")), 1),
+            ("pager", (("cluster", "c1"), ("job_id", "llama")), 3)]
+        assert states[("RDMALinkDown", "node-b")] == "suppressed"
+        assert states[("RDMALinkDown", "node-e")] == "active"
+    finally:
+        manager.stop()
+        receiver.close()

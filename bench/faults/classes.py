@@ -1,0 +1,124 @@
+"""The fault classes: what is injected, where, for how long it is watched, and what counts as right.
+
+A class names its culprit rank (global rank; `None` when no rank is to blame) and a cause
+pattern: what a correct explanation says (a regular expression over what the daemon's API,
+`llmmon diagnose` or the page said about the job).  Must-not-page classes are right when no
+critical notification for their job arrives and no source blames a rank.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FaultClass:
+    name: str
+    fault: str  # the trainer's --fault
+    culprit: int | None  # the global rank to blame; None: nobody
+    cause: str  # regex a right explanation matches (case-insensitive)
+    window: float  # seconds watched after the onset
+    nproc: tuple[int, int] = (2, 2)  # ranks on node-a, node-b
+    must_not_page: bool = False
+    # tc qdiscs for the link between the nodes, tried in order (the first the kernel has is used)
+    qdiscs: tuple[str, ...] = ()
+    trainer_args: tuple[str, ...] = ()
+    background: bool = False  # long: runs beside the others for the whole bench
+    warmup: float = 30.0  # healthy seconds before the fault
+    notes: str = ""
+
+    @property
+    def cause_re(self) -> re.Pattern[str]:
+        return re.compile(self.cause, re.IGNORECASE)
+
+    @property
+    def world(self) -> int:
+        return sum(self.nproc)
+
+
+HANG_WINDOW = 330.0  # shipped defaults page ~250 s after the last completion, + group_wait 30 s
+
+
+def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
+    """Every class; `healthy_seconds` is the length of the healthy run."""
+    return (
+        FaultClass("loader", "loader", 3, r"load_next_batch", HANG_WINDOW,
+                   notes="rank 3's data loader never returns (sleeps in load_next_batch)"),
+        FaultClass("lock", "lock", 3, r"update_metrics|\block\b", HANG_WINDOW,
+                   notes="rank 3 deadlocks on a lock it holds (update_metrics)"),
+        FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW,
+                   notes="rank 3 calls sys.exit(3); torchrun tears the job down"),
+        FaultClass("sigkill", "sigkill", 3, r"\bSIGKILL\b|signal 9|\bkilled\b", HANG_WINDOW,
+                   notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
+        FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW,
+                   notes="rank 3 (reporter thread included) is frozen with SIGSTOP"),
+        FaultClass("desync-size", "desync-size", 3, r"desync|mismatch|size", HANG_WINDOW,
+                   notes="rank 3 all-reduces 72 floats where its peers all-reduce 64"),
+        FaultClass("desync-op", "desync-op", 3, r"desync|mismatch|broadcast", HANG_WINDOW,
+                   notes="rank 3 broadcasts where its peers all-reduce"),
+        FaultClass("straggler", "straggler", 3, r"straggl|\blate\b|lag|slow", 900.0,
+                   nproc=(3, 1), trainer_args=("--slow", "1.4"), background=True,
+                   notes="rank 3, alone on node-b, takes 40 % longer per step; no timing mode"),
+        FaultClass("network", "none", None, r"network|netem|link|retransmi|loss", HANG_WINDOW,
+                   qdiscs=("netem delay 40ms 10ms loss 5%",
+                           "tbf rate 8mbit burst 32kbit latency 400ms"),
+                   notes="the veth between the nodes degraded: netem 40±10 ms delay and 5 % loss, "
+                   "or where the kernel has no sch_netem, tbf at 8 Mbit/s"),
+        FaultClass("nan", "nan", None, r"non-?finite|\bnan\b", 240.0,
+                   notes="rank 3 reports a NaN loss every step"),
+        FaultClass("fp16", "fp16", None, r"fp16|\bhalf\b|bf16", 1200.0, background=True,
+                   warmup=0.0, notes="DDP fp16_compress_hook: every gradient reduction in Half"),
+        FaultClass("healthy", "none", None, r"$^", healthy_seconds, must_not_page=True,
+                   background=healthy_seconds > HANG_WINDOW, warmup=0.0,
+                   notes=f"healthy run, {healthy_seconds:.0f} s"),
+        FaultClass("checkpoint", "checkpoint", None, r"$^", 300.0, must_not_page=True,
+                   trainer_args=("--pause", "90"),
+                   notes="rank 0 writes a checkpoint for 90 s, the others wait in a barrier"),
+        FaultClass("slow-start", "slow-start", None, r"$^", 300.0, must_not_page=True,
+                   trainer_args=("--pause", "90"), warmup=0.0,
+                   notes="first step: rank 0 'compiles' 90 s, the others 30 s"),
+    )
+
+
+@dataclass
+class Sighting:
+    """The first time a source named the culprit (and, separately, the cause)."""
+
+    named_at: float | None = None  # seconds after onset
+    cause_at: float | None = None
+    said: str = ""  # what it said when it first named the culprit (or first spoke)
+    blamed_wrong: set[int] = field(default_factory=set)  # ranks it blamed that are not the culprit
+
+    def observe(self, t: float, text: str, blamed: set[int], fault: FaultClass,
+                job_id: str) -> None:
+        """One look at a source: `text` is what it says about the job, `blamed` the ranks it
+        blames.  The cause is looked for with the job id taken out (it holds the class's name)."""
+        if not text:
+            return
+        about = text.replace(job_id, "<job>")
+        if fault.culprit is None:
+            named = not blamed and bool(fault.cause_re.search(about))
+        else:
+            named = fault.culprit in blamed
+        self.blamed_wrong |= blamed - ({fault.culprit} if fault.culprit is not None else set())
+        if named and self.named_at is None:
+            self.named_at, self.said = t, text
+        if not self.said:
+            self.said = text
+        if self.cause_at is None and (named or fault.culprit is None) \
+                and fault.cause_re.search(about):
+            self.cause_at = t
+
+    def as_json(self) -> dict[str, object]:
+        return {"named_at": self.named_at, "cause_at": self.cause_at, "said": self.said[:2000],
+                "blamed_wrong": sorted(self.blamed_wrong)}
+
+
+RANK_RE = re.compile(r"\brank (\d+)\b(?!\s+waits?\b)", re.IGNORECASE)
+
+
+def ranks_in(text: str) -> set[int]:
+    """Ranks a line blames: every singular `rank N` in it, except `rank N waits` (a waiter, as
+    the plural `ranks 0-2 wait` are)."""
+    return {int(m) for m in RANK_RE.findall(text)}

@@ -1,0 +1,365 @@
+"""Fault-injection benchmark: which rank hung or slowed, why, and how fast each source said so.
+
+    PYTHONPATH=.src python -m bench.faults.run                 # every class, 30-minute healthy run
+    PYTHONPATH=.src python -m bench.faults.run --classes loader,sigstop --healthy 120
+
+Runs real torchrun/gloo jobs under `llmmon launch` over two simulated nodes (bench/faults/
+cluster.py), injects one fault per job after a healthy warm-up (bench/faults/trainer.py) and
+watches the daemons' /api/v1/ranks, `llmmon diagnose` and Alertmanager's notifications
+(bench/faults/watch.py).  Prints a table per class, writes bench/results/faults.json and, with
+--docs, the table into docs/faults.md.  Latencies count from the fault's onset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.faults import watch
+from bench.faults.classes import FaultClass, Sighting, classes
+from bench.faults.cluster import CHECKOUT, NODES, Cluster, Job, remove_namespaces
+
+POLL = 3.0  # seconds between looks at the API and the pages
+DIAGNOSE_EVERY = 2  # polls between diagnose runs (each costs a few requests per node)
+START_TIMEOUT = 600.0  # a loaded 2-core machine takes minutes to start four torch ranks
+ONSET_TIMEOUT = 60.0
+RESULTS = CHECKOUT / "bench" / "results" / "faults.json"
+DOC = CHECKOUT / "docs" / "faults.md"
+MARK = "<!-- table -->"
+SOURCES = ("api", "diagnose", "page")
+
+
+@dataclass
+class Run:
+    """One class's job and what was seen of it."""
+
+    fault: FaultClass
+    job: Job
+    phase: str = "starting"  # starting, warm, injected, done
+    started: float = field(default_factory=time.time)
+    warm_since: float | None = None
+    onset: float | None = None
+    go_at: float | None = None
+    error: str = ""
+    sources: dict[str, Sighting] = field(
+        default_factory=lambda: {k: Sighting() for k in SOURCES})
+    pages: int = 0
+    tickets: list[str] = field(default_factory=list)
+    job_ended_at: float | None = None
+    shaped: str = ""  # the qdisc that degraded the link, for the network class
+
+    def up_ranks(self, ranks: dict[str, dict[str, Any]]) -> int:
+        """Ranks that report and (with a warm-up) have stepped: the warm-up counts from the first
+        steps; a class without one is watched from the first report (slow-start's long step 0)."""
+        return sum(1 for answer in ranks.values() for job in answer.get("jobs", [])
+                   if job.get("job_id") == self.job.job_id
+                   for rank in job.get("ranks", [])
+                   if rank.get("up") and (rank.get("steps") or not self.fault.warmup))
+
+    def finished(self, now: float, needed: tuple[str, ...]) -> bool:
+        """The window is over, or every `needed` source named the culprit and the cause."""
+        if self.onset is None:
+            return False
+        if now - self.onset >= self.fault.window:
+            return True
+        return not self.fault.must_not_page and all(
+            self.sources[k].named_at is not None and self.sources[k].cause_at is not None
+            for k in needed)
+
+    def result(self) -> dict[str, Any]:
+        seen = self.sources
+        named = [s for s in seen.values() if s.named_at is not None]
+        wrong = set().union(*(s.blamed_wrong for s in seen.values()))
+        false_pages = self.pages if self.fault.must_not_page else (
+            self.pages if wrong & seen["page"].blamed_wrong else 0)
+        return {
+            "class": self.fault.name,
+            "notes": self.fault.notes + (f" (used: {self.shaped})" if self.shaped else ""),
+            "job_id": self.job.job_id, "culprit": self.fault.culprit,
+            "must_not_page": self.fault.must_not_page, "window_s": self.fault.window,
+            "error": self.error,
+            "detected": None if self.fault.must_not_page else bool(named),
+            "culprit_right": None if self.fault.must_not_page else bool(named) and not wrong,
+            "cause_right": None if self.fault.must_not_page else any(
+                s.cause_at is not None for s in seen.values()),
+            "false_pages": false_pages, "blamed_wrong": sorted(wrong),
+            "tickets": sorted(set(self.tickets)),
+            "job_ended_after_s": None if self.job_ended_at is None or self.onset is None
+            else round(self.job_ended_at - self.onset, 1),
+            "sources": {k: s.as_json() for k, s in seen.items()},
+        }
+
+
+GO_AHEAD = 100  # steps past the count the API shows (it lags the ranks by a few seconds)
+
+
+def _go(run: Run, now: float, ranks: dict[str, dict[str, Any]]) -> None:
+    """Ask for the fault at a step every rank is yet to reach (written atomically)."""
+    fault = run.fault
+    if fault.qdiscs:
+        run.shaped = run.job.degrade(fault.qdiscs)
+        run.onset = now
+    steps = [rank.get("steps") or 0 for answer in ranks.values()
+             for job in answer.get("jobs", []) if job.get("job_id") == run.job.job_id
+             for rank in job.get("ranks", [])]
+    temporary = run.job.ctl / ".go"
+    temporary.write_text(str(max(steps, default=0) + GO_AHEAD))
+    temporary.rename(run.job.ctl / "go")
+    run.go_at = now
+
+
+def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
+          diagnosed: dict[str, list[str]], notes: list[Any], needed: tuple[str, ...]) -> None:
+    fault = run.fault
+    if run.phase == "starting":
+        if run.up_ranks(ranks) >= fault.world:
+            run.phase, run.warm_since = "warm", now
+        elif now - run.started > START_TIMEOUT or run.job.ended():
+            run.error, run.phase = "the job did not start", "done"
+        return
+    if run.phase == "warm" and now - (run.warm_since or now) >= fault.warmup:
+        _go(run, now, ranks)
+        run.phase = "injected"
+    if run.phase != "injected":
+        return
+    if run.onset is None:
+        culprit_onset = run.job.onset()
+        no_onset_file = fault.fault in ("none", "fp16")
+        if culprit_onset is not None or no_onset_file:
+            run.onset = culprit_onset or run.go_at
+        elif now - (run.go_at or now) > ONSET_TIMEOUT:
+            run.error, run.phase = "the fault was never injected", "done"
+        return
+    if run.job_ended_at is None and run.job.ended():
+        run.job_ended_at = now
+    t = round(now - run.onset, 1)
+    world = fault.world
+    text, blamed = watch.api(ranks, run.job.job_id, world)
+    run.sources["api"].observe(t, text, blamed, fault, run.job.job_id)
+    if diagnosed:
+        text, blamed = watch.diagnose(diagnosed, run.job.job_id, world)
+        run.sources["diagnose"].observe(t, text, blamed, fault, run.job.job_id)
+    text, blamed, count = watch.pages(notes, run.job.job_id, ("pager",))
+    run.pages = count
+    tickets, ticket_blamed, _ = watch.pages(notes, run.job.job_id, ("tickets",))
+    run.tickets = [line.split(":")[0] for line in tickets.splitlines()]
+    # The notification column: pages, and tickets for the classes whose alert is a warning.
+    run.sources["page"].observe(t, "\n".join(filter(None, (text, tickets))),
+                                blamed | ticket_blamed, fault, run.job.job_id)
+    if run.finished(now, needed):
+        run.phase = "done"
+
+
+def bench(selected: list[FaultClass], parallel: int, work: Path,
+          needed: tuple[str, ...] = SOURCES) -> list[dict[str, Any]]:
+    """Run `selected`: background classes all at once, the others `parallel` at a time; a
+    class ends when its window does, or once every `needed` source named culprit and cause."""
+    results: list[dict[str, Any]] = []
+    queue = sorted(selected, key=lambda c: not c.background)
+    active: list[Run] = []
+    index = 0
+    with Cluster(work) as cluster:
+        print(f"daemons {[n.url for n in cluster.nodes]}, prometheus {cluster.prometheus}",
+              flush=True)
+        polls = 0
+        try:
+            while queue or active:
+                while queue and (queue[0].background or
+                                 sum(not r.fault.background for r in active) < parallel):
+                    fault = queue.pop(0)
+                    index += 1
+                    job = Job(cluster, f"faults-{index}-{fault.name}", index, fault.nproc,
+                              ["--fault", fault.fault, "--culprit",
+                               str(3 if fault.culprit is None else fault.culprit),
+                               "--duration", str(fault.warmup + fault.window + 600),
+                               *fault.trainer_args])
+                    run = Run(fault, job)
+                    try:
+                        job.__enter__()
+                    except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
+                        run.error, run.phase = f"start: {exc}", "done"
+                    active.append(run)
+                    print(f"started {job.job_id}", flush=True)
+                now = time.time()
+                ranks = cluster.ranks()
+                diagnosed = ({n.name: watch.diagnose_text(n.url) for n in cluster.nodes}
+                             if polls % DIAGNOSE_EVERY == 0 else {})
+                notes = cluster.receiver.snapshot() if cluster.receiver else []
+                for run in list(active):
+                    try:
+                        _step(run, now, ranks, diagnosed, notes, needed)
+                    except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
+                        run.error, run.phase = f"{type(exc).__name__}: {exc}"[:300], "done"
+                    if run.phase == "done":
+                        run.job.__exit__()
+                        active.remove(run)
+                        results.append(run.result())
+                        print(row(results[-1]), flush=True)
+                polls += 1
+                time.sleep(max(0.0, POLL - (time.time() - now)))
+        except KeyboardInterrupt:  # stop, clean up, and still report what was measured
+            print("interrupted", flush=True)
+        finally:
+            for run in active:
+                run.job.__exit__()
+                run.error = run.error or "interrupted"
+                results.append(run.result())
+            remove_namespaces()
+    return results
+
+
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def _yn(value: bool | None) -> str:
+    return "n/a" if value is None else "y" if value else "**n**"
+
+
+HEADER = ("| class | detected | culprit right | cause right | API s (named/cause) | "
+          "diagnose s | page s | page names pod + node | ranks wrongly blamed | false pages | "
+          "tickets |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def names_where(r: dict[str, Any]) -> bool | None:
+    """Whether the notification that named the culprit also names its pod and node (node-b)."""
+    page = r["sources"]["page"]
+    if r["culprit"] is None:
+        return None
+    culprit_node = NODES[-1]  # the culprit, rank 3, is node-b's
+    return page["named_at"] is not None and f"{r['job_id']}-{culprit_node}" in page["said"] \
+        and f"node {culprit_node}" in page["said"]
+
+
+def row(r: dict[str, Any]) -> str:
+    src = r["sources"]
+    cells = [f"{_s(src[k]['named_at'])}/{_s(src[k]['cause_at'])}" for k in SOURCES]
+    name = r["class"] + (f" ({r['error']})" if r["error"] else "")
+    return (f"| {name} | {_yn(r['detected'])} | {_yn(r['culprit_right'])} | "
+            f"{_yn(r['cause_right'])} | {' | '.join(cells)} | {_yn(names_where(r))} | "
+            f"{', '.join(f'rank {n}' for n in r['blamed_wrong']) or '–'} | {r['false_pages']} | "
+            f"{', '.join(r['tickets']) or '–'} |")
+
+
+def said(results: list[dict[str, Any]]) -> str:
+    """What each source first said, per class (first lines only)."""
+    out = []
+    for r in results:
+        out.append(f"**{r['class']}** ({r['notes']}; job ended "
+                   f"{_s(r['job_ended_after_s'])} s after onset)")
+        for key, source in r["sources"].items():
+            lines = source["said"].splitlines()[:3] or ["(nothing)"]
+            out.append(f"- {key}: " + " / ".join(f"`{line[:220]}`" for line in lines))
+        out.append("")
+    return "\n".join(out)
+
+
+def write_doc(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    table = "\n".join([HEADER, *map(row, results)])
+    text = DOC.read_text(encoding="utf-8")
+    head, _, rest = text.partition(MARK)
+    _, _, tail = rest.partition(MARK)
+    body = (f"{MARK}\nMeasured {meta['finished']} on {meta['machine']}, healthy run "
+            f"{meta['healthy_s']:.0f} s, `--parallel {meta['parallel']}`, classes "
+            f"`{','.join(meta['classes'])}`.\n\n{table}\n\nWhat each source said first:\n\n"
+            f"{said(results)}\n{MARK}")
+    DOC.write_text(head + body + tail, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--classes", default="", help="comma-separated class names (default all)")
+    parser.add_argument("--healthy", type=float, default=1800.0,
+                        help="seconds of the healthy run (default %(default)s)")
+    parser.add_argument("--parallel", type=int, default=3,
+                        help="fault jobs at once besides the background ones")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--docs", action="store_true", help="write the table into docs/faults.md")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print (and with --docs write) the table of results "
+                        "files; a class in a later file replaces the earlier one")
+    args = parser.parse_args(argv)
+    every = classes(args.healthy)
+    known = {c.name: c for c in every}
+    if args.render:
+        merged: dict[str, dict[str, Any]] = {}
+        metas = []
+        for path in args.render:
+            saved = json.loads(path.read_text())
+            metas.append(saved["meta"])
+            if not saved["meta"].get("cause_without_job_id"):
+                saved["results"] = [recheck_cause(r, known) for r in saved["results"]]
+            merged.update((r["class"], r) for r in saved["results"])
+        order = [c.name for c in classes(0)]
+        meta = {**metas[0], "finished": " and ".join(m["finished"] for m in metas),
+                "classes": [c for c in order if c in merged]}
+        report(sorted(merged.values(), key=lambda r: order.index(r["class"])), meta, args.docs)
+        return 0
+    wanted = [c for c in args.classes.split(",") if c]
+    unknown = set(wanted) - {c.name for c in every}
+    if unknown:
+        parser.error(f"unknown classes {sorted(unknown)}; known: {[c.name for c in every]}")
+    selected = [c for c in every if not wanted or c.name in wanted]
+    if os.geteuid() != 0:
+        parser.error("needs root: the nodes' ranks run in network namespaces")
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="llmmon-faults-", dir=shm))
+    started = time.time()
+    try:
+        results = bench(selected, args.parallel, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    order = [c.name for c in every]
+    results.sort(key=lambda r: order.index(r["class"]))
+    meta = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+            "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+            "healthy_s": args.healthy, "parallel": args.parallel,
+            "classes": [c.name for c in selected], "nodes": list(NODES),
+            "cause_without_job_id": True}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    report(results, meta, args.docs)
+    return 0
+
+
+def recheck_cause(r: dict[str, Any], known: dict[str, FaultClass]) -> dict[str, Any]:
+    """Results written before the cause was looked for without the job id (which holds the
+    class's name and matched every cause): the cause again, in each source's first statement
+    only; a cause said only later is lost (shown –)."""
+    fault = known[r["class"]]
+    for source in r["sources"].values():
+        about = source["said"].replace(r["job_id"], "<job>")
+        said_it = bool(about) and bool(fault.cause_re.search(about))
+        source["cause_at"] = source["named_at"] if said_it and (
+            fault.culprit is not None) else (source["cause_at"] if said_it else None)
+        if fault.culprit is None:
+            source["named_at"] = source["named_at"] if said_it else None
+    if not r["must_not_page"]:
+        r["detected"] = any(s["named_at"] is not None for s in r["sources"].values())
+        r["culprit_right"] = r["detected"] and not r["blamed_wrong"]
+        r["cause_right"] = any(s["cause_at"] is not None for s in r["sources"].values())
+    return r
+
+
+def report(results: list[dict[str, Any]], meta: dict[str, Any], docs: bool) -> None:
+    print("\n" + HEADER)
+    for r in results:
+        print(row(r))
+    print("\n" + said(results))
+    if docs:
+        write_doc(results, meta)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

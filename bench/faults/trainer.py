@@ -1,0 +1,155 @@
+"""The fault benchmark's training job: a small DDP model on gloo, one fault injected on request.
+
+Run by torchrun under `llmmon launch` (the reporter starts through the launcher's hook; this
+script only calls `reporter.step()`).  Every step: a data-loader call, "compute" (a sleep that
+makes the step `--step` seconds long), DDP's gradient all-reduce, the optimiser.  The harness
+asks for the fault by writing a step number into `<ctl>/go`; the culprit rank(s) write `<ctl>/onset.<rank>` (Unix
+time) the moment they inject it, so latencies count from the fault itself.  Faults (`--fault`):
+
+  loader      the culprit's data loader never returns (sleeps in `load_next_batch`)
+  lock        the culprit deadlocks on a lock it already holds
+  exit        the culprit exits with code 3 (sys.exit)
+  sigkill     the culprit is killed (SIGKILL)
+  sigstop     the culprit is frozen, reporter thread included (SIGSTOP)
+  desync-size the culprit all-reduces a tensor of another size at the same sequence number
+  desync-op   the culprit broadcasts where its peers all-reduce
+  straggler   the culprit's steps take `--slow` times longer from then on (no hang)
+  checkpoint  rank 0 writes a checkpoint for `--pause` s while every other rank waits in a barrier
+  slow-start  the first step is slow: rank 0 `--pause` s, the others a third of it (compilation)
+  nan         the culprit reports a NaN loss every step from then on
+  fp16        gradients are all-reduced in fp16 (DDP's fp16 compression hook) from the start
+  none        healthy (also: network, whose fault the harness injects with tc on the link)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+try:
+    import llmmon_reporter as reporter
+except ImportError:  # run without `llmmon launch`: no step reports
+    reporter = None  # type: ignore[assignment]
+
+LOCK = threading.Lock()
+NEVER = threading.Event()
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ctl", required=True, type=Path, help="control directory")
+    parser.add_argument("--fault", default="none")
+    parser.add_argument("--culprit", type=int, default=-1)
+    parser.add_argument("--step", type=float, default=0.2, help="seconds per step")
+    parser.add_argument("--slow", type=float, default=1.4, help="straggler's step factor")
+    parser.add_argument("--pause", type=float, default=90.0,
+                        help="checkpoint / slow-start seconds")
+    parser.add_argument("--duration", type=float, default=3600.0, help="stop after (s)")
+    return parser.parse_args()
+
+
+def load_next_batch(step: int, rank: int, stuck: bool) -> torch.Tensor:
+    """The data loader; a stuck one sleeps here for ever (a dead NFS read, a lost worker)."""
+    if stuck:
+        NEVER.wait()
+    return torch.randn(64, 256, generator=torch.Generator().manual_seed(step * 100 + rank))
+
+
+def update_metrics(stuck: bool) -> None:
+    """A metrics update guarded by a lock; the deadlocked one takes the lock it holds."""
+    with LOCK:
+        if stuck:
+            with LOCK:
+                pass
+
+
+def save_checkpoint(model: torch.nn.Module, path: Path, seconds: float) -> None:
+    """Rank 0's slow checkpoint: the state dict written again and again for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        torch.save(model.state_dict(), path)
+        time.sleep(0.5)
+
+
+def fault_step(go: Path) -> float:
+    """The step the fault starts at: `go` holds it (a few steps ahead of the fastest rank, so
+    that every rank injects at the same step and a desync is one at the same sequence number)."""
+    try:
+        return int(go.read_text())
+    except (OSError, ValueError):
+        return float("inf")
+
+
+def mark_onset(ctl: Path, rank: int) -> None:
+    (ctl / f"onset.{rank}").write_text(f"{time.time():.3f}\n")
+
+
+def main() -> None:
+    args = parse()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    (args.ctl / f"pid.{rank}").write_text(f"{os.getpid()}\n")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 256))
+    model = DistributedDataParallel(net)
+    if args.fault == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
+    culprit = rank == args.culprit
+    go = args.ctl / "go"
+    injected = False
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < args.duration:
+        begin = time.monotonic()
+        fault = args.fault if (injected or step >= fault_step(go)) else "none"
+        if fault != "none" and not injected:
+            injected = True
+            if culprit or (fault == "checkpoint" and rank == 0):
+                mark_onset(args.ctl, rank)
+            if culprit and fault == "exit":
+                sys.exit(3)
+            if culprit and fault in ("sigkill", "sigstop"):
+                os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+            if fault == "checkpoint":
+                if rank == 0:
+                    save_checkpoint(net, args.ctl / "checkpoint.pt", args.pause)
+                dist.barrier()
+            if fault in ("desync-size", "desync-op"):
+                if culprit and fault == "desync-op":
+                    dist.broadcast(torch.zeros(64), src=rank)
+                else:
+                    dist.all_reduce(torch.zeros(72 if culprit else 64))
+        if step == 0 and args.fault == "slow-start":
+            if rank == 0:
+                mark_onset(args.ctl, rank)
+            time.sleep(args.pause if rank == 0 else args.pause / 3)  # "compiling"
+        data = load_next_batch(step, rank, culprit and fault == "loader")
+        update_metrics(culprit and fault == "lock")
+        loss = model(data).pow(2).mean()
+        optimiser.zero_grad()
+        loss.backward()  # DDP's all-reduce of the gradients
+        optimiser.step()
+        if reporter is not None:
+            nan = culprit and fault == "nan"
+            reporter.step(tokens=64, loss=float("nan") if nan else loss.detach())
+        factor = args.slow if culprit and fault == "straggler" else 1.0
+        time.sleep(max(0.0, args.step * factor - (time.monotonic() - begin)))
+        step += 1
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
