@@ -28,7 +28,7 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_config_is_valid() -> None:
     result = _amtool("check-config", str(ALERTMANAGER_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " - 7 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
+    assert " - 8 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
 
 
 @pytest.mark.parametrize("labels, receiver", [
