@@ -21,7 +21,8 @@ HEALTH_ALERTS = {
     "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
     "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy",
 }
-# Alerts added after DESIGN.md's list (issue 13: hangs across nodes and without the reporter).
+# Alerts added after docs/design.md#alert-names' list (hangs across nodes and without the
+# reporter).
 EXTENDED_ALERTS = {"LLMTrainingHangNodes", "LLMTrainingHangSuspected"}
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {

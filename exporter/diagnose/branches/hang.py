@@ -202,7 +202,8 @@ def links(view: View, t: Thresholds) -> Outcome:
 
 BRANCH = BranchSpec(
     "hang", "Distributed hang", "Has the job stopped making progress, and what stopped it?",
-    (CheckSpec("progress", "Collective progress", progress, ("LLMTrainingHang",),
+    (CheckSpec("progress", "Collective progress", progress,
+               ("LLMTrainingHang", "LLMTrainingHangNodes"),
                ("hang_window_seconds", "hang_busy_seconds")),
      CheckSpec("gpu_errors", "Lost GPUs and XIDs", gpu_errors,
                ("GPULost", "GPUXidError", "GPUEccUncorrectable"),
