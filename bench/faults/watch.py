@@ -54,7 +54,12 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                 if group.get("stalled"):
                     lines.append(f"{node}: {group.get('summary')}")
                     blamed |= set(group.get("behind", [])) | set(group.get("stale", []))
-            for text in _strings({k: v for k, v in job.items() if k != "groups"}, VERDICT_KEYS):
+            # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
+            # slow import shows up there); what blames a rank is in its groups and its exit.
+            described = {**job, "groups": None, "ranks": [
+                {k: v for k, v in rank.items() if k not in ("doing", "stack")}
+                for rank in job.get("ranks", [])]}
+            for text in _strings(described, VERDICT_KEYS):
                 lines.append(f"{node}: {text}")
                 blamed |= ranks_in(text)
             for group in job.get("groups", []):

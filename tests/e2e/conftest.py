@@ -107,7 +107,7 @@ def _kill_daemons(manifest: Path) -> None:
             os.kill(entry["pid"], signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped after test_paging: never beside the other tests
 def e2e() -> Iterator[Stack]:
     prometheus_bin = stack.find_binary("prometheus")
     alertmanager_bin = stack.find_binary("alertmanager", "prometheus-alertmanager")

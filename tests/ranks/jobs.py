@@ -96,7 +96,10 @@ class Job:
 
     def result(self, rank: int, timeout: float = 120.0) -> dict[str, Any]:
         path = self.out / f"rank_{rank}.json"
-        wait_for(lambda: path.exists() or None, timeout, f"rank {rank} result\n{self.logs}")
+        try:
+            wait_for(lambda: path.exists() or None, timeout, f"rank {rank} result")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
         return json.loads(path.read_text())
 
 
