@@ -282,12 +282,28 @@ def test_failed_logins_never_evict_the_scraper_whose_password_matched(tmp_path, 
     url = exporter.http + "/metrics"
     with httpx.Client(timeout=30) as c:
         assert c.get(url, auth=("prometheus", PASSWORD)).status_code == 200
-        for n in range(150):
-            assert c.get(url, auth=("prometheus", f"wrong-{n}")).status_code == 401
+    with ThreadPoolExecutor(10) as pool:  # each refusal takes a second
+        statuses = list(pool.map(lambda n: httpx.get(url, auth=("prometheus", f"wrong-{n}"),
+                                                     timeout=120).status_code, range(150)))
+    assert set(statuses) <= {401, 503} and statuses.count(401) >= 100, statuses
+    with httpx.Client(timeout=30) as c:
         for _ in range(3):
             assert c.get(url, auth=("prometheus", PASSWORD)).status_code == 200
     log = (tmp_path / f"llmmon-{exporter.port}.log").read_text()
     assert log.count("user prometheus authenticated") == 1, log
+
+
+def test_a_refusal_is_answered_only_after_a_second(tmp_path, web_serve) -> None:
+    """A client guessing passwords in a loop gets one answer a second , not as
+    many as the event loop can give; the matched scraper is not held."""
+    exporter = web_serve(write(tmp_path, {"basic_auth_users": {"prometheus": HASH}}))
+    url = exporter.http + "/metrics"
+    with httpx.Client(timeout=30) as c:
+        assert c.get(url, auth=("prometheus", PASSWORD)).status_code == 200
+        for auth in (("prometheus", "wrong"), ("nobody", PASSWORD), None):
+            started = time.monotonic()
+            assert c.get(url, auth=auth).status_code == 401
+            assert time.monotonic() - started >= 1.0, auth  # docs/security.md: one second
 
 
 def test_a_wrong_password_flood_is_shed_and_never_delays_the_matched_scraper(tmp_path,
