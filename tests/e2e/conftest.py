@@ -1,13 +1,15 @@
 """One real stack for every scenario: `llmmon simulate`, Prometheus and Alertmanager.
 
 `llmmon simulate` runs one node per scenario (each with its own job) and serves each with the
-unmodified exporter; Debian's Prometheus scrapes them every second and evaluates the shipped
-rules with every `for:` cut to 5 s by `alerts.render --for-override`; Alertmanager routes
+unmodified exporter; Debian's Prometheus scrapes them every 2 s and evaluates the shipped
+rules with every `for:` cut to 15 s by `alerts.render --for-override`; Alertmanager routes
 with the shipped tree and inhibit rules (only group_wait/group_interval shortened) to a
 webhook receiver inside the test, one path per receiver.  Scenario time runs 20 times faster,
 rates stay real.  All scenarios share the wall clock, so the suite takes as long as its
 slowest alert: the hang, whose shipped window is 180 s of no progress.  Every process is
-stopped by PID, including the daemons, should the simulator itself not stop.
+stopped by PID, including the daemons, should the simulator itself not stop.  The stack alone
+keeps a 2-core machine busy (thirteen daemons): it runs for its module only, and 2 s cadences
+(not 1 s) keep it from starving itself.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -32,9 +35,9 @@ from tests.conftest import ROOT
 from tests.e2e.cases import CASES, Case
 
 SPEED = 20
-INTERVAL = "1s"
-# Longer than a few collector intervals (5 s): a 1 s link flap that rdma runs happen to see
-# stays in the exposition for that interval, and must not read as a down link.
+INTERVAL = "2s"  # collectors, scrapes and rule evaluation
+# Longer than a few collector intervals: a 1 s link flap that an rdma run happens to see stays
+# in the exposition for that interval, and must not read as a down link.
 FOR = "15s"
 START_TIMEOUT = 150.0
 COLLECTORS = ("gpu", "rdma", "nic", "ranks", "disk", "netdev")
@@ -78,9 +81,46 @@ class Stack:
         """The simulator's manifest: node, url, pid of each daemon."""
         return json.loads((self.work / "sim" / "exporters.json").read_text())
 
-    def alertmanager_alerts(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self.alertmanager.url + "/api/v2/alerts", timeout=5) as r:
-            return json.load(r)
+    suppressed: Callable[[], list[dict[str, Any]]]  # SuppressedHistory.seen
+
+
+def alertmanager_alerts(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url + "/api/v2/alerts", timeout=5) as response:
+        return json.load(response)
+
+
+class SuppressedHistory:
+    """Every alert Alertmanager has held suppressed by an inhibition, from the first time it
+    was seen: an inhibition lasts only while both alerts fire (an OOM's increase() window), and
+    on a slow machine a scenario's turn may come after it ended."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._seen: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                alerts = alertmanager_alerts(self._url)
+            except (OSError, ValueError):  # a busy Alertmanager: the next poll
+                continue
+            with self._lock:
+                for alert in alerts:
+                    if alert["status"]["state"] == "suppressed" and \
+                            alert["status"]["inhibitedBy"]:
+                        self._seen.setdefault(alert["fingerprint"], alert)
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._seen.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def wait_for(what: str, probe: Callable[[], T | None], deadline: float) -> T:
@@ -117,6 +157,7 @@ def e2e() -> Iterator[Stack]:
     work = Path(tempfile.mkdtemp(prefix="llmmon-e2e-", dir=shm))
     receiver = stack.WebhookReceiver()
     servers: list[stack.Server] = []
+    history: SuppressedHistory | None = None
     scenarios = [arg for index, case in enumerate(CASES) if case.name != "healthy"
                  for arg in ("--scenario", case.scenario.replace(":", f"@sim-{index:02d}:", 1)
                              if ":" in case.scenario else f"{case.scenario}@sim-{index:02d}")]
@@ -139,9 +180,12 @@ def e2e() -> Iterator[Stack]:
             prometheus_bin, work / "prometheus",
             stack.prometheus_config(targets, stack.rules_dir(work, FOR),
                                     servers[0].url.removeprefix("http://"), INTERVAL)))
+        history = SuppressedHistory(servers[0].url)
         # Deadlines count from here: the daemons are up, so the hang's 180 s have begun.
-        yield Stack(work, servers[1], servers[0], receiver, time.monotonic())
+        yield Stack(work, servers[1], servers[0], receiver, time.monotonic(), history.seen)
     finally:
+        if history is not None:
+            history.close()
         for server in reversed(servers):
             server.stop()
         if simulator.poll() is None:

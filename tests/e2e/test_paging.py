@@ -43,11 +43,9 @@ def _firing(e2e: Stack, case: Case, expect: Expect, receiver: str) -> Alert | No
 
 def _suppressed(e2e: Stack, case: Case, expect: Expect) -> dict | None:
     node, job = e2e.node(case).name, e2e.job(case)
-    return next((a for a in e2e.alertmanager_alerts()
+    return next((a for a in e2e.suppressed()
                  if node in (a["labels"].get("node"), None) or a["labels"].get("job_id") == job
-                 if _matches(a["labels"], expect, e2e, case)
-                 and a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"]),
-                None)
+                 if _matches(a["labels"], expect, e2e, case)), None)
 
 
 def diagnose(**source: Any) -> dict[str, Any]:
@@ -106,8 +104,10 @@ def test_scenario_pages_its_alerts_and_nothing_else(e2e: Stack, case: Case) -> N
         tickets = {a.labels["alertname"] for a in about if a.receiver == "tickets"}
         assert tickets <= WARMUP_TICKETS, f"healthy ticketed {tickets}"
         node_url = next(n["url"] for n in e2e.daemons() if n["node"] == node)
-        # Ten seconds between the two scrapes hold ~5 steps of 1.9 s: MFU within a step.
-        assert diagnose(url=node_url, scrape=True, interval=10.0)["suspects"] == []
+        # The healthy job's MFU is 0.42 (the threshold 0.3). Between two scrapes 30 s apart
+        # lie ~16 steps of 1.9 s, of which a loaded machine's lag (the simulator's tick, the
+        # ranks collector's interval) can hide ~2: 0.35 at worst (10 s apart read 0.24).
+        assert diagnose(url=node_url, scrape=True, interval=30.0)["suspects"] == []
     else:
         cause = (case.pages + case.tickets)[0]
         wait_for(f"{case.name}: llmmon diagnose naming {cause.alertname} {cause.labels}",
