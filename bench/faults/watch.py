@@ -62,8 +62,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
             for text in _strings(described, VERDICT_KEYS):
                 lines.append(f"{node}: {text}")
                 blamed |= ranks_in(text)
-            for group in job.get("groups", []):
-                for text in _strings(group, VERDICT_KEYS):
+            for group in job.get("groups", []):  # a group that is not stalled claims nothing
+                for text in _strings(group, VERDICT_KEYS) if group.get("stalled") else ():
                     lines.append(f"{node}: {text}")
     if up:  # some ranks still report: the silent ones are suspects
         blamed |= down

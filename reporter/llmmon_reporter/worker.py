@@ -179,7 +179,8 @@ class Reporter:
 
     def health(self) -> dict[str, Any]:
         return {
-            "running": self._thread.is_alive(),
+            # a disabled reporter is not running, even in the moment its thread takes to end
+            "running": self._thread.is_alive() and not self.disabled_reason,
             "connected": self._session is not None,
             "fr_api": self._session.flight.api if self._session else None,
             "ticks": self.ticks,

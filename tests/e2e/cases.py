@@ -68,7 +68,9 @@ CASES = (
         tickets=(Expect("RDMAPacketLoss", {"device": "mlx5_2", "port": "1"},
                         ("RDMA port mlx5_2/1 on node {node}",)),),
         inhibited=(Expect("RDMAPFCStorm", {"reason": "storm_warning_events"}),)),
-    Case("oom:ramp=200,retry=300,retry_every=20,oom=700", pages=(
+    # The OOM (70 s of wall time in) comes well after the fragmentation and retry tickets (~30 s),
+    # which it inhibits: a ticket not yet sent when the OOM fires is never sent.
+    Case("oom:ramp=200,retry=300,retry_every=20,oom=1400", pages=(
         Expect("GPUMemoryOOM", {"rank": "1"}, ("Rank 1 of job {job} on node {node}",)),),
         tickets=(Expect("GPUMemoryFragmentation", {"rank": "1"}),
                  Expect("GPUMemoryOOMRisk", {"rank": "1", "reason": "alloc_retries"})),
