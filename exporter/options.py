@@ -117,7 +117,8 @@ BOUNDED = ("int", "float", "duration")
 class Option:
     """One setting: its key, type, default and help; `flag` overrides the generated flag name,
     `metavar` the type's placeholder in --help (required for `str`, which has none); numeric
-    types declare the inclusive range of sane values."""
+    types declare the inclusive range of sane values; `choices` lists the values a list's items
+    may take."""
 
     key: str
     type: str
@@ -127,6 +128,7 @@ class Option:
     metavar: str | None = None
     minimum: Any = None
     maximum: Any = None
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.type not in PARSERS:
@@ -170,4 +172,8 @@ class Option:
             raise ValueError(f"{value!r}: {exc}") from None
         if self.type in BOUNDED and not parser(self.minimum) <= parsed <= parser(self.maximum):
             raise ValueError(f"{value!r} is out of range: use {self.range}")
+        unknown = [item for item in parsed if item not in self.choices] if self.choices else []
+        if unknown:
+            raise ValueError(f"unknown value(s) {', '.join(map(repr, unknown))}: use "
+                             f"{', '.join(self.choices)}")
         return parsed

@@ -154,7 +154,8 @@ FABRIC_DEGRADED = _spec("llmmon_gpu_fabric_degraded_bandwidth", "gauge",
                         "mask), 0 if not; absent where the driver does not say.")
 PEAK_FLOPS = _spec("llmmon_gpu_peak_flops", "gauge",
                    "Dense peak tensor FLOP/s of this GPU model by dtype (datasheet): the MFU "
-                   "denominator.", "dtype")
+                   "denominator. bf16 only unless --collector.gpu.peak-flops-dtypes says "
+                   "more.", "dtype")
 XID_ERRORS = _spec("llmmon_gpu_xid_errors_total", "counter",
                    "XID critical-error events, every one counted; at start, the XIDs the "
                    "kernel log holds from before (see llmmon_gpu_xid_kernel_log_read).", "xid")
@@ -365,6 +366,11 @@ class GpuCollector(Collector):
                "Also export llmmon_gpu_power_limit_bound_watts (the min, max and default "
                "power limit the driver allows: 3 static series per GPU that no shipped rule "
                "or dashboard reads; llmmon_gpu_power_limit_watts is always exported)."),
+        Option("peak_flops_dtypes", "list", "bf16",
+               "Dtypes whose llmmon_gpu_peak_flops is exported (bf16, fp16, fp8, tf32; "
+               "default bf16, the MFU denominator the shipped rules read: each other dtype is "
+               "one more static series per GPU).", metavar="DTYPES",
+               choices=("bf16", "fp16", "fp8", "tf32")),
         Option("kmsg_path", "str", "/dev/kmsg",
                "Kernel log read once at start for the XIDs logged before the daemon started "
                "(needs CAP_SYSLOG where dmesg_restrict is set); empty skips it.", metavar="PATH"),
@@ -465,7 +471,8 @@ class GpuCollector(Collector):
         if bounds:
             static += [(POWER_LIMIT_BOUND, ("min",), bounds[0] / 1e3),
                        (POWER_LIMIT_BOUND, ("max",), bounds[1] / 1e3)]
-        static += [(PEAK_FLOPS, (dtype,), flops) for dtype, flops in peak_flops(model).items()]
+        static += [(PEAK_FLOPS, (dtype,), flops) for dtype, flops in peak_flops(model).items()
+                   if dtype in self.config["peak_flops_dtypes"]]
         gpu.supported_reasons = reader.call("supported_clocks_event_reasons")
         if not self.config["power_limit_bounds"]:
             static = [sample for sample in static if sample[0] is not POWER_LIMIT_BOUND]

@@ -22,8 +22,11 @@ from llmmon.ranks import collectives
 from llmmon.ranks.schema import Activity, Collective, FrDump, Group, Progress, RankEntries, \
     RankState
 
-# Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls.
-DURATION_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 60.0)
+# Collective duration buckets (seconds): from small NCCL ops (~4 us on an H200) to stalls, a
+# decade apart: 8 series per (rank, pg, coll, dtype), not 12 (the half-decades cost 64 series
+# of the 2,000-series node budget, docs/capacity.md; no shipped rule reads the buckets, the
+# straggler score uses the mean).
+DURATION_BUCKETS = (0.0001, 0.001, 0.01, 0.1, 1.0, 10.0, 60.0)
 MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
 MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank, shared by its groups
 MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)

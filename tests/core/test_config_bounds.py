@@ -38,6 +38,8 @@ def serve_with(config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
      "collectors.ranks.max_ranks: not an integer: 2.5"),
     ("collectors: {gpu: {power_sample_rate: 1e9}}",
      "collectors.gpu.power_sample_rate: '1e9' is out of range: use 1.0 to 200.0"),
+    ("collectors: {gpu: {peak_flops_dtypes: [bf16, fp61]}}",
+     "collectors.gpu.peak_flops_dtypes: unknown value(s) 'fp61': use bf16, fp16, fp8, tf32"),
     ("sampler: {max_staleness: -5}",
      "sampler.max_staleness: duration must be positive: -5"),
 ])
