@@ -1,13 +1,13 @@
 """The scale-out path: the same hang page through vmagent, VictoriaMetrics and vmalert as
 through Prometheus.
 
-`llmmon simulate` runs two nodes, sim-00 with the hang scenario.  One Prometheus (the stack
-of the other end-to-end tests) and the shipped VictoriaMetrics path (deploy/victoriametrics/
+`llmmon simulate` runs two nodes, sim-00 with the hang scenario.  One Prometheus (started
+here, as test_paging starts its own) and the shipped VictoriaMetrics path (deploy/victoriametrics/
 compose.yaml: VictoriaMetrics, two vmagent shards, vmalert) watch them, each notifying its own
 Alertmanager with the shipped routing.  The commands are the compose file's own, only the
 host:port addresses and paths mapped to this machine, and the 15 s scrape and evaluation
-intervals cut to 1 s (the rules' `for:` cut to 5 s as in the other e2e tests).  The page must
-be the same: same labels, same rendered description; each vmagent shard scrapes one node.
+intervals cut to 1 s (the rules' `for:` cut to 5 s).  The page must be the same: same labels,
+same rendered description; every node is scraped by exactly one vmagent shard.
 """
 
 from __future__ import annotations
@@ -180,14 +180,18 @@ def _active_targets(url: str) -> list[str]:
     return sorted(t["labels"]["node"] for t in active)
 
 
-def test_each_vmagent_shard_scrapes_its_half(stacks: Stacks) -> None:
-    def both() -> list[list[str]] | None:
+def test_the_vmagent_shards_split_the_targets_between_them(stacks: Stacks) -> None:
+    """Both shards load the whole target file; each scrapes only what vmagent's cluster hashing
+    of the target's labels gives it. Which shard gets which node depends on the simulator's
+    random ports (both can fall to one shard: a run once saw that), so what is checked is the
+    split: every node scraped by exactly one shard (a shard ignoring its memberNum would make
+    it twice, and this wait would never end)."""
+    def split() -> list[list[str]] | None:
         shards = [_active_targets(url) for url in stacks.vmagents]
         return shards if sum(map(len, shards)) == 2 else None
 
-    shards = wait_for("the shards' targets", both, stacks.started + 60)
-    assert sorted(n for shard in shards for n in shard) == ["sim-00", "sim-01"]
-    assert all(len(shard) == 1 for shard in shards), shards
+    shards = wait_for("the shards' targets", split, stacks.started + 60)
+    assert sorted(n for shard in shards for n in shard) == ["sim-00", "sim-01"], shards
 
 
 def test_hang_pages_the_same_through_vmalert_as_through_prometheus(stacks: Stacks) -> None:
