@@ -22,7 +22,7 @@ def test_sequences_advance_on_every_rank_and_the_metrics_are_consistent(
     spool.mkdir()
     collector = make_collector(spool, tmp_path)
     args = ["--steps", str(STEPS), "--compute", "0.05", "--nan-at", str(NAN_STEP),
-            "--hold", "20"]
+            "--hold", "600"]  # alive until the test kills them: a slow read never meets an exit
     with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool))) as job:
         def completed() -> dict[int, float]:
             return by_rank(scrape(collector)[0], "llmmon_nccl_last_completed_seq", pg="0")
@@ -39,14 +39,19 @@ def test_sequences_advance_on_every_rank_and_the_metrics_are_consistent(
         results = [job.result(rank) for rank in range(3)]
         final = 2 * STEPS  # two all_reduces (weight, bias) per step
 
+        seen: dict = {}
+
         def settled() -> dict | None:
             samples = scrape(collector)[0]
-            done = by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0")
+            seen["completed"] = done = by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0")
+            seen["bytes"] = len(series(samples, "llmmon_nccl_collective_bytes_total", pg="0"))
             ok = done == {0: final, 1: final, 2: final}
-            return samples if ok and len(series(samples, "llmmon_nccl_collective_bytes_total",
-                                                pg="0")) == 3 else None
+            return samples if ok and seen["bytes"] == 3 else None
 
-        samples = wait_for(settled, 120, "every rank to report the last collective")
+        try:
+            samples = wait_for(settled, 120, "every rank to report the last collective")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last read {seen}\n{job.logs()}") from None
         server = serve("--collector.disable-defaults", "--collector.ranks",
                        f"--spool.dir={spool}", "--collector.ranks.interval=0.2s",
                        f"--collector.ranks.fr-dir={tmp_path / 'fr'}")
