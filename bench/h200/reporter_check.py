@@ -11,7 +11,7 @@ spool with the ranks collector and compares: allocator numbers with memory_stats
 and bytes with the raw Flight Recorder entries, step counters with what was trained, the GPU
 UUID with nvidia-smi.  Every wait is bounded; the worker is killed by PID on timeout.
 
-$OUT receives (flat, 7 files): summary.json, state.json, entries.json, fr_dump_rank_0,
+$OUT receives (flat, 7 files): summary.json, state.json, entries.jsonl, fr_dump_rank_0,
 metrics.prom, ranks.json, worker.log.  Exit status 0 when every check passes, 1 otherwise.
 """
 
@@ -151,7 +151,8 @@ def free_port() -> int:
 
 
 def run_worker(work: Path, out: Path, dry_run: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
            "LLMMON_JOB": JOB, "TORCH_NCCL_ENABLE_TIMING": "1",
            "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
@@ -213,7 +214,9 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
         from llmmon.sampler import render
         from llmmon.sources.fs import RootedFS
 
-        config = {o.key: o.parse(o.default) for o in RanksCollector.options}
+        from llmmon.config import collector_options
+
+        config = {o.key: o.parse(o.default) for o in collector_options(RanksCollector)}
         config.update(spool_dir=str(spool), fr_dir=str(work / "fr"), pipe_dir=str(work / "pipe"),
                       auto_dump=False)
         collector = RanksCollector(Environment(RootedFS("/sys"), RootedFS("/proc")), config)
@@ -257,14 +260,22 @@ MEMORY = {"llmmon_torch_memory_reserved_bytes": "reserved_bytes.all.current",
           "llmmon_torch_ooms_total": "num_ooms"}
 
 
+def ring(log: Path) -> dict[str, Any]:
+    """The records an entries log carried (each in its last, final form) and its last status."""
+    segments = [json.loads(line) for line in log.read_bytes().splitlines()[1:]]
+    records = {e["record_id"]: e for segment in segments for e in segment["entries"]}
+    return {"pg_status": segments[-1]["pg_status"],
+            "entries": [records[r] for r in sorted(records)]}
+
+
 def check(worker_result: dict[str, Any], spool: Path, work: Path, out: Path) -> dict[str, Any]:
     """Every check: True or False (None where it cannot apply, on a --dry-run without a GPU)."""
     gpu = not worker_result["dry_run"]
     checks: dict[str, Any] = {}
     state_path = next(p for p in spool.rglob("rank_0.*.json") if "entries" not in p.name)
-    entries_path = next(spool.rglob("rank_0.*.entries.json"))
+    entries_path = next(spool.rglob("rank_0.*.entries.jsonl"))
     shutil.copy(state_path, out / "state.json")
-    shutil.copy(entries_path, out / "entries.json")
+    shutil.copy(entries_path, out / "entries.jsonl")
     state = json.loads(state_path.read_text())
     values, evidence = exported(spool, work, out)
     (out / "ranks.json").write_text(json.dumps(evidence, indent=1))
@@ -279,7 +290,7 @@ def check(worker_result: dict[str, Any], spool: Path, work: Path, out: Path) -> 
     checks["allocator_equal"] = all(m["equal"] for m in memory.values()) if gpu else None
 
     # durations and bytes: the collector's counters == the raw Flight Recorder entries it read
-    dump = json.loads(entries_path.read_text())["dump"]
+    dump = ring(entries_path)
     completed = int(dump["pg_status"]["0"]["last_completed_collective"])
     timed = [e for e in dump["entries"] if e.get("duration_ms") is not None]
     done = timed if gpu else [e for e in dump["entries"]

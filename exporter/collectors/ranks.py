@@ -155,6 +155,10 @@ STALLED = MetricSpec(
     "How long the group has completed nothing while a rank waits in a collective, as of the "
     "daemon's read (0: nothing waits); stalled beyond llmmon_nccl_stall_threshold_seconds.",
     ("job_id", "pg"))
+READ = MetricSpec(
+    "llmmon_ranks_spool_read_bytes_total", "counter",
+    "Bytes of spool files the daemon read: each new version of a state or whole-ring entries "
+    "file, and of an entries log only what was appended since the last read.")
 SANITISED = MetricSpec("llmmon_ranks_labels_sanitised_total", "counter",
                        "Label values cut to a safe alphabet or length, by field.", ("field",))
 CUT = MetricSpec(
@@ -173,7 +177,7 @@ class RanksCollector(Collector):
     specs = (RANK_INFO, RANK_UP, REPORT_AGE, REPORTER_DISABLED, REPORTER_ERRORS, ALLOCATOR_INFO,
              *(spec for spec, _ in MEMORY), ENQUEUED, STARTED, COMPLETED, PROGRESS, INFLIGHT,
              LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
-             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, SANITISED, CUT, ALIVE,
+             STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
              DOING_INFO, STALL_THRESHOLD, STALLED)
     options = (
@@ -246,6 +250,7 @@ class RanksCollector(Collector):
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()
         self._cut: Counter[str] = Counter()
+        self._read_bytes = 0
         self._dumps_requested: Counter[str] = Counter()
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
@@ -304,6 +309,7 @@ class RanksCollector(Collector):
             ctx.persists(problem.key, problem.message)
         self._sanitised.update(result.sanitised)
         self._cut.update(result.cut)
+        self._read_bytes += result.read_bytes
         self.watch.follow({(t.state.identity.job_id, t.state.identity.rank, t.pid):
                            t.state.identity.start_ticks for t in self.ledger.tracks.values()})
         self.watch.poll(now)
@@ -360,6 +366,7 @@ class RanksCollector(Collector):
         families.add(DUMPS_KEPT, [], self._kept)
         for reason, count in sorted(self._rejected.items()):
             families.add(REJECTED, [reason], count)
+        families.add(READ, [], self._read_bytes)
         for field, count in sorted(self._sanitised.items()):
             families.add(SANITISED, [field], count)
         for reason, count in sorted(self._cut.items()):

@@ -11,7 +11,9 @@ for the next run, so no spool, however large, makes a run outlast its timeout an
 others (the first changed file of a run is always read: every run makes progress).
 Parses are kept only as far as they are needed again: an entries file's only its stamp (its
 records are counted), a state file's without its in-flight dump (indexed once), so memory is
-what the ledger keeps, not what the files hold.
+what the ledger keeps, not what the files hold.  An entries log is read from where the last
+read stopped (its last complete line), so a refresh costs what was appended, not the ring;
+a new inode is read from the start.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Callable, Generic, TypeVar
 
 from llmmon.ranks.ledger import Ledger
 from llmmon.ranks.schema import Notes, RankEntries, RankState, SchemaError, parse_entries, \
-    parse_state
+    parse_log_header, parse_segment, parse_state
 from llmmon.sources.spool import SpoolError, SpoolFile, SpoolSource, Stamp
 
 T = TypeVar("T")
@@ -43,6 +45,7 @@ class IngestResult:
     sanitised: Counter[str] = field(default_factory=Counter)
     cut: Counter[str] = field(default_factory=Counter)
     dropped: int = 0
+    read_bytes: int = 0
 
 
 @dataclass
@@ -51,6 +54,16 @@ class _Parsed(Generic[T]):
     value: T | None
     error: SpoolError | SchemaError | None
     dropped: str = ""  # what the parser left out of this version, for the error log
+
+
+@dataclass
+class _LogRead:
+    """How far an entries log has been read: complete lines up to `offset` of inode `inode`."""
+
+    stamp: Stamp
+    offset: int
+    error: SpoolError | SchemaError | None = None
+    dropped: str = ""
 
 
 class SpoolIngest:
@@ -67,6 +80,7 @@ class SpoolIngest:
         self.drop_after = drop_after
         self._states: dict[str, _Parsed[RankState]] = {}
         self._entries: dict[str, _Parsed[RankEntries]] = {}
+        self._logs: dict[str, _LogRead] = {}
         self._reported: dict[str, tuple[str, Stamp | None]] = {}
 
     def run(self, now: float) -> IngestResult:
@@ -82,6 +96,7 @@ class SpoolIngest:
             self._problem(result, rejected.reason, rejected.path, str(rejected), None)
         states = [f for f in scan.files if f.kind == "state"]
         entries = {(f.job_dir, f.rank, f.pid): f for f in scan.files if f.kind == "entries"}
+        logs = {(f.job_dir, f.rank, f.pid): f for f in scan.files if f.kind == "log"}
         current = self._current(states, now, result)
         for spool_file, state in current:
             if not self.ledger.observe_state(state, spool_file.mtime, now):
@@ -90,15 +105,17 @@ class SpoolIngest:
                               f"or {self.ledger.max_ranks_per_job} of job "
                               f"{spool_file.job_dir}; skipped", spool_file.stamp)
                 continue
-            entries_file = entries.get((spool_file.job_dir, spool_file.rank, spool_file.pid))
-            if entries_file is not None:
-                self._ingest_entries(entries_file, result)
+            key = (spool_file.job_dir, spool_file.rank, spool_file.pid)
+            if key in entries:
+                self._ingest_entries(entries[key], result)
+            if key in logs:
+                self._ingest_log(logs[key], result)
         result.dropped = len(self.ledger.expire(now, self.drop_after))
         result.cut.update(self.ledger.cut)
         self.ledger.cut.clear()
         self._sweep(scan.files, scan.temporaries, now)
         live = {f.path for f in scan.files} | {r.path for r in scan.rejected}
-        for cache in (self._states, self._entries, self._reported):
+        for cache in (self._states, self._entries, self._logs, self._reported):
             for path in set(cache) - live - {self.source.root}:
                 del cache[path]
         return result
@@ -151,19 +168,68 @@ class SpoolIngest:
             return
         self.ledger.observe_entries(entries)
 
+    def _ingest_log(self, spool_file: SpoolFile, result: IngestResult) -> None:
+        """Feed the ledger the segments appended to an entries log since the last read."""
+        read = self._logs.get(spool_file.path)
+        if read is not None and (read.stamp == spool_file.stamp or (
+                isinstance(read.error, SchemaError) and read.stamp[0] == spool_file.stamp[0])):
+            self._report(read, spool_file, result)  # a bad header stays bad: same inode
+            return
+        start = read.offset if read is not None and read.stamp[0] == spool_file.stamp[0] \
+            and read.offset <= spool_file.stamp[2] else 0
+        if not self._spend(spool_file.stamp[2] - start, result):
+            return
+        notes = Notes()
+        read = self._logs[spool_file.path] = _LogRead(spool_file.stamp, start)
+        try:
+            data, read.stamp = self.source.read(spool_file, start)
+            result.read_bytes += len(data)
+            end = data.rfind(b"\n") + 1  # a line still being appended is read next time
+            lines = data[:end].split(b"\n")[:-1]
+            if start == 0 and lines:
+                who = parse_log_header(lines.pop(0), notes)
+                if who != (spool_file.job_dir, spool_file.rank, spool_file.pid):
+                    raise SchemaError("entries log of another rank or pid", "identity_mismatch")
+            read.offset = start + end
+        except (SpoolError, SchemaError) as exc:
+            read.error = exc
+            lines = []
+        for line in lines:
+            known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
+            try:
+                written_ns, dump = parse_segment(line, notes, known)
+            except SchemaError as exc:
+                notes.drop(f"segment: {exc}")
+                continue
+            self.ledger.observe_entries(RankEntries(spool_file.job_dir, spool_file.rank,
+                                                    spool_file.pid, written_ns, dump))
+        if notes.dropped:
+            read.dropped = (f"{spool_file.path}: dropped {notes.dropped} item(s), "
+                            f"first: {notes.first_drop}")
+        result.sanitised.update(notes.sanitised)
+        result.cut.update(notes.cut)
+        self._report(read, spool_file, result)
+
+    def _spend(self, size: int, result: IngestResult) -> bool:
+        """Take `size` bytes of this run's read budget; False (counted) to leave the file for
+        a later run.  The first file of a run is always read."""
+        if self._budget < self.max_read_bytes and (
+                size > self._budget or time.monotonic() >= self._deadline):
+            result.cut["read_budget"] += 1  # read in a later run
+            return False
+        self._budget -= size
+        return True
+
     def _parse(self, cache: dict[str, _Parsed[T]], spool_file: SpoolFile,
                parser: Callable[[bytes, Notes], T], result: IngestResult) -> T | None:
         cached = cache.get(spool_file.path)
         if cached is None or cached.stamp != spool_file.stamp:
-            size = spool_file.stamp[2]
-            if self._budget < self.max_read_bytes and (
-                    size > self._budget or time.monotonic() >= self._deadline):
-                result.cut["read_budget"] += 1  # read in a later run
+            if not self._spend(spool_file.stamp[2], result):
                 return None
-            self._budget -= size
             notes = Notes()
             try:
                 data, stamp = self.source.read(spool_file)
+                result.read_bytes += len(data)
                 cached = _Parsed(stamp, parser(data, notes), None)
             except (SpoolError, SchemaError) as exc:
                 cached = _Parsed(spool_file.stamp, None, exc)
@@ -176,7 +242,8 @@ class SpoolIngest:
         self._report(cached, spool_file, result)
         return cached.value
 
-    def _report(self, cached: _Parsed[T], spool_file: SpoolFile, result: IngestResult) -> None:
+    def _report(self, cached: _Parsed[T] | _LogRead, spool_file: SpoolFile,
+                result: IngestResult) -> None:
         """The problems of a parsed version: new the first time, persisting after."""
         if cached.dropped:
             self._problem(result, "bad_entry", spool_file.path, cached.dropped, cached.stamp)

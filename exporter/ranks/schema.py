@@ -13,6 +13,7 @@ Each cut is noted by reason (`Notes.cut`) and counted in llmmon_nccl_spool_cut_t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -23,6 +24,7 @@ from typing import Any, Container, NamedTuple
 
 from llmmon.ranks import collectives
 from llmmon_reporter.flight import ranges
+from llmmon_reporter.entrylog import KIND as LOG_KIND
 from llmmon_reporter.layout import MEMORY_KEYS, SCHEMA, safe_job
 
 MAX_RANK = 1 << 20
@@ -528,8 +530,32 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         exit=_exit(doc.get("exit")))
 
 
+def parse_log_header(line: bytes, notes: Notes) -> tuple[str, int, int]:
+    """The first line of an entries log (llmmon_reporter/entrylog.py): job, rank and pid."""
+    who = _obj(_load(line, LOG_KIND).get("identity"), "identity")
+    return (_job(who.get("job_id"), notes), _int(who.get("rank"), "rank", 0, MAX_RANK),
+            _int(who.get("pid"), "pid", 1, 1 << 31))
+
+
+def parse_segment(line: bytes, notes: Notes, known: Container[int] = ()) -> tuple[int, FrDump]:
+    """One segment line of an entries log: when it was written, and its records as a dump
+    whose record range is the ring's (as the reporter saw it), not the records it carries."""
+    try:
+        doc = _obj(json.loads(line), "segment")
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"not JSON: {str(exc)[:120]}", "invalid_json") from None
+    first = _int(doc.get("first_record"), "first_record", -1)
+    last = _int(doc.get("last_record"), "last_record", -1)
+    if (first < 0) != (last < 0) or last < first:
+        raise SchemaError(f"record range [{first}, {last}] is not a range")
+    dump = fr_dump({"pg_status": doc.get("pg_status"), "entries": doc.get("entries", [])},
+                   notes, known)
+    return (_int(doc.get("written_ns"), "written_ns"),
+            dataclasses.replace(dump, first_record=first, last_record=last))
+
+
 def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:
-    """A reporter's entries file: the whole Flight Recorder ring, sampled."""
+    """A whole-ring entries document (reporters before the entries log, and the simulator)."""
     doc = _load(data, "entries")
     who = _obj(doc.get("identity"), "identity")
     return RankEntries(job_id=_job(who.get("job_id"), notes),

@@ -1,7 +1,8 @@
 """The rank spool directory: bounded, symlink-safe listing and reading of reporter files.
 
 Layout (see reporter/llmmon_reporter/layout.py): `<root>/<job>/rank_<rank>.<pid>.json` (state, every
-second) and `rank_<rank>.<pid>.entries.json` (Flight Recorder entries, every ~20 s).  Anything
+second), `rank_<rank>.<pid>.entries.jsonl` (the entries log, appended every ~20 s) and, from
+older reporters and the simulator, `rank_<rank>.<pid>.entries.json` (the whole ring).  Anything
 else — symlinks, devices, odd names, oversized files, too many files — is rejected with a
 reason and never opened.
 
@@ -24,6 +25,7 @@ from llmmon_reporter.layout import SPOOL_FILE
 Stamp = tuple[int, int, int]  # inode, mtime_ns, size: changes whenever a file is replaced
 EXAMINED_PER_RUN = 16384  # directory entries looked at per run, all job directories together
 EXAMINED_PER_JOB = 1024  # ... and per job directory (a few times any real job's files)
+KINDS = {"json": "state", "entries.json": "entries", "entries.jsonl": "log"}  # by file suffix
 
 
 class SpoolError(Exception):
@@ -40,7 +42,7 @@ class SpoolFile:
     job_dir: str
     rank: int
     pid: int
-    kind: str  # "state" or "entries"
+    kind: str  # "state", "entries" (the whole ring) or "log" (the entries log)
     path: str
     stamp: Stamp
 
@@ -150,13 +152,14 @@ class SpoolSource:
             scan.rejected.append(SpoolError(
                 "too_large", entry.path, f"{st.st_size} bytes > {self.max_file_bytes}"))
         else:
-            kind = "state" if match.group(3) == "json" else "entries"
+            kind = KINDS[match.group(3)]
             return SpoolFile(job, int(match.group(1)), int(match.group(2)), kind, entry.path,
                              _stamp(st))
         return None
 
-    def read(self, spool_file: SpoolFile) -> tuple[bytes, Stamp]:
-        """The file's bytes (at most max_file_bytes), never through a symlink."""
+    def read(self, spool_file: SpoolFile, offset: int = 0) -> tuple[bytes, Stamp]:
+        """The file's bytes from `offset` on (at most max_file_bytes), never through a
+        symlink."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(spool_file.path, flags)
@@ -166,6 +169,7 @@ class SpoolSource:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise SpoolError("unexpected", spool_file.path, "not a regular file")
+            os.lseek(fd, offset, os.SEEK_SET)
             chunks, total = [], 0
             while total <= self.max_file_bytes:
                 chunk = os.read(fd, min(1 << 20, self.max_file_bytes + 1 - total))

@@ -18,7 +18,7 @@ RANK_PREFIX = "rank_"
 MAX_JOB_CHARS = 128
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:@-]")
-SPOOL_FILE = re.compile(r"^rank_(\d{1,7})\.(\d{1,10})\.(json|entries\.json)$")
+SPOOL_FILE = re.compile(r"^rank_(\d{1,7})\.(\d{1,10})\.(json|entries\.json|entries\.jsonl)$")
 # torch.cuda.memory_stats() keys a state file carries, under torch's own names.
 MEMORY_KEYS = (
     "allocated_bytes.all.current", "allocated_bytes.all.peak",
@@ -39,7 +39,14 @@ def state_name(rank: int, pid: int) -> str:
 
 
 def entries_name(rank: int, pid: int) -> str:
+    """The whole-ring entries document: written by reporters before the entries log (read for
+    one more release) and by the simulator."""
     return f"{RANK_PREFIX}{rank}.{pid}.entries.json"
+
+
+def log_name(rank: int, pid: int) -> str:
+    """The entries log (llmmon_reporter/entrylog.py)."""
+    return f"{RANK_PREFIX}{rank}.{pid}.entries.jsonl"
 
 
 def job_dir(root: str, job_id: str) -> str:

@@ -38,23 +38,36 @@ def compose(header: Mapping[str, Any], raw: Mapping[str, bytes | None]) -> bytes
 
 def write_atomic(directory: str, name: str, data: bytes) -> None:
     """Readers see the old file or the new one, never half of one; a failed write leaves none."""
+    os.close(_replace(directory, name, data, 0))
+
+
+def create_appendable(directory: str, name: str, data: bytes) -> int:
+    """As write_atomic, but return the new file open for appending (the caller closes it)."""
+    return _replace(directory, name, data, os.O_APPEND)
+
+
+def append(fd: int, data: bytes) -> None:
+    """All of `data` at the end of the file (a reader may see a partial last line)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _replace(directory: str, name: str, data: bytes, flags: int) -> int:
     temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(temp, _CREATE, 0o644)
+    fd = os.open(temp, _CREATE | flags, 0o644)
     try:
-        try:
-            os.fchmod(fd, 0o644)  # readable by the daemon whatever the trainer's umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        os.fchmod(fd, 0o644)  # readable by the daemon whatever the trainer's umask
+        append(fd, data)
         os.replace(temp, os.path.join(directory, name))
     except BaseException:
+        os.close(fd)
         try:
             os.unlink(temp)
         except OSError:
             pass
         raise
+    return fd
 
 
 def own_directory(path: str) -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import activity, flight, identity, layout, spoolfile
+from llmmon_reporter import activity, entrylog, flight, identity, layout, spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.stepstats import StepStats
 
@@ -78,7 +78,7 @@ class _Session:
         self.env = env
         self.dir = layout.job_dir(spool, self.identity["job_id"])
         self.state_name = layout.state_name(rank, self.pid)
-        self.entries_name = layout.entries_name(rank, self.pid)
+        self.log = entrylog.EntryLog(self.dir, layout.log_name(rank, self.pid), self.identity)
         self.device: int | None = None
         self.pgs: dict[str, dict[str, Any]] = {}
         self._pg_count = -1
@@ -160,7 +160,7 @@ class Reporter:
         self.stop(1.0)
         if self._session is None or self._thread.is_alive():
             return
-        spoolfile.remove(self._session.dir, self._session.entries_name)
+        self._session.log.remove()
         try:
             self._exit = activity.exit_record()
             self._write_state(self._status, None)
@@ -226,7 +226,7 @@ class Reporter:
             log.warning("llmmon reporter %s", self.disabled_reason)
             try:
                 if self._session is not None:  # free the big file first: the spool may be full
-                    spoolfile.remove(self._session.dir, self._session.entries_name)
+                    self._session.log.remove()
                 self._write_state(None, None)
             except Exception:
                 pass  # the spool itself may be what is broken
@@ -320,11 +320,7 @@ class Reporter:
         self._meter.own_written += len(data)
 
     def _write_entries(self, session: _Session) -> None:
-        header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": time.time_ns(),
-                  "identity": {k: session.identity[k] for k in ("job_id", "rank", "pid")}}
-        data = spoolfile.compose(header, {"dump": session.flight.full()})
-        spoolfile.write_atomic(session.dir, session.entries_name, data)
-        self._meter.own_written += len(data)
+        self._meter.own_written += session.log.write(session.flight.ring(), time.time_ns())
 
     def _dump(self, session: _Session) -> None:
         assert session.dump_path is not None

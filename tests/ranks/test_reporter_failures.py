@@ -77,7 +77,7 @@ def taken_by_another_user(tmp: Path, mount: Callable) -> Path:
     """Another user made the job directory first, writable by all, and planted FIFOs in it."""
     job = tmp / "spool" / JOB
     job.mkdir(parents=True)
-    for name in ("rank_0.json", ".rank_0.json.tmp", "rank_0.entries.json"):
+    for name in ("rank_0.json", ".rank_0.json.tmp", "rank_0.entries.jsonl"):
         os.mkfifo(job / name)
     os.chown(job, 4242, 4242)
     job.chmod(0o777)
@@ -107,7 +107,8 @@ def test_a_broken_spool_never_changes_training(tmp_path: Path, baseline: dict, m
         assert by_rank(samples, "llmmon_reporter_errors_total")[0] >= 9
 
 
-def test_without_a_daemon_the_reporter_just_writes_and_cleans_up_at_exit(tmp_path: Path, baseline: dict) -> None:
+def test_without_a_daemon_the_reporter_just_writes_and_cleans_up_at_exit(
+        tmp_path: Path, baseline: dict) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
     result = train(tmp_path, spool)
@@ -127,7 +128,7 @@ def test_fifos_planted_at_the_temporary_file_names_never_block_the_reporter(
     with Job(tmp_path, 1, ["--steps", "10", "--hold", "60"], env) as job:
         state = wait_for(lambda: next((spool / JOB).glob("rank_0.*[0-9].json"), None), 60,
                          "the first state file")
-        entries = state.with_name(state.name.replace(".json", ".entries.json"))
+        entries = state.with_name(state.name.replace(".json", ".entries.jsonl"))
         for name in (state.name, entries.name):
             os.mkfifo(state.parent / f".{name}.tmp")
         entries.unlink(missing_ok=True)

@@ -1,0 +1,107 @@
+"""The entries log: Flight Recorder records the daemon has not been sent, appended as JSON lines.
+
+Rewriting the whole ring into a file every entries tick made the daemon decode 2,000 records
+(~1 MB) to find the ten that were new.  The log holds a header line and then one segment line
+per tick with only the records newer than what earlier segments shipped in final form; a record
+still in flight is shipped again each tick until it is final, so the daemon, which counts each
+record once by `record_id`, sees its finished form.  Each segment also says which records the
+ring held (`first_record`, `last_record`), so records that left the ring unread are still
+counted as missed.
+
+The file is created whole (header and the whole ring, written to a temporary name and renamed)
+at the first tick, after a failed append, when the file at its name is no longer the one it
+has open (a wiped spool) and once it passes `MAX_BYTES`; the daemon reads a new
+inode from the start and otherwise only the bytes appended since its last read.  Only the
+fields the daemon reads are kept (no stack traces, no discovery times).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from llmmon_reporter import layout, spoolfile
+
+KIND = "entries-log"
+MAX_BYTES = 4 << 20  # rewritten whole past this: ~6 rings of 2,000 projected records
+HOLD_BACK = 256  # a record unfinished this far behind the newest is not shipped again
+FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p",
+          "profiling_name", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes",
+          "time_created_ns", "duration_ms", "state", "retired")
+
+
+def _final(entry: Mapping[str, Any]) -> bool:
+    """Nothing about this record will change: retired, completed or timed."""
+    return bool(entry.get("retired")) or entry.get("state") == "completed" \
+        or entry.get("duration_ms") is not None
+
+
+def _project(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: entry[key] for key in FIELDS if key in entry}
+
+
+def _line(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str).encode() + b"\n"
+
+
+class EntryLog:
+    """One rank process's entries log; `write` is called with each ring read."""
+
+    def __init__(self, directory: str, name: str, identity: Mapping[str, Any]) -> None:
+        self.directory, self.name = directory, name
+        self.identity = {key: identity[key] for key in ("job_id", "rank", "pid")}
+        self._fd: int | None = None
+        self._size = 0
+        self._shipped = -1  # every record up to this id was shipped in its final form
+
+    def write(self, ring: Mapping[str, Any], now_ns: int) -> int:
+        """Append the records not yet shipped final (or start the file over); bytes written."""
+        entries = [e for e in ring.get("entries") or () if isinstance(e, dict)
+                   and isinstance(e.get("record_id"), int)]
+        ids = [e["record_id"] for e in entries]
+        fresh = self._fd is None or self._size > MAX_BYTES or not self._in_place()
+        news = entries if fresh else [e for e in entries if e["record_id"] > self._shipped]
+        segment = _line({"written_ns": now_ns, "first_record": min(ids, default=-1),
+                         "last_record": max(ids, default=-1),
+                         "pg_status": ring.get("pg_status") or {},
+                         "entries": [_project(e) for e in news]})
+        if fresh:
+            header = _line({"schema": layout.SCHEMA, "kind": KIND, "written_ns": now_ns,
+                            "identity": self.identity})
+            self.close()
+            self._fd = spoolfile.create_appendable(self.directory, self.name, header + segment)
+            self._size = len(header) + len(segment)
+        else:
+            try:
+                spoolfile.append(self._fd, segment)  # type: ignore[arg-type]
+            except OSError:
+                self.close()  # a partial line may be there: start the file over next tick
+                raise
+            self._size += len(segment)
+        if ids:
+            pending = [e["record_id"] for e in news if not _final(e)]
+            newest = max(ids)
+            self._shipped = max(min(pending, default=newest + 1) - 1, newest - HOLD_BACK,
+                                self._shipped)
+        return len(segment) if not fresh else self._size
+
+    def _in_place(self) -> bool:
+        """Our open file is still the one at our name (the spool may have been wiped)."""
+        try:
+            return os.lstat(os.path.join(self.directory, self.name)).st_ino == \
+                os.fstat(self._fd).st_ino  # type: ignore[arg-type]
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def remove(self) -> None:
+        self.close()
+        spoolfile.remove(self.directory, self.name)
