@@ -58,12 +58,15 @@ class _Parsed(Generic[T]):
 
 @dataclass
 class _LogRead:
-    """How far an entries log has been read: complete lines up to `offset` of inode `inode`."""
+    """How far an entries log has been read: its complete lines up to `offset`.  The file is
+    known by its header line, not by its inode alone (a wiped spool's inode numbers recur)."""
 
-    stamp: Stamp
+    stamp: Stamp  # the version read (a refused log: the version refused)
     offset: int
+    header: bytes = b""
     error: SpoolError | SchemaError | None = None
     dropped: str = ""
+    seen: Stamp | None = None  # the version last looked at, when not `stamp`
 
 
 class SpoolIngest:
@@ -170,30 +173,40 @@ class SpoolIngest:
 
     def _ingest_log(self, spool_file: SpoolFile, result: IngestResult) -> None:
         """Feed the ledger the segments appended to an entries log since the last read."""
-        read = self._logs.get(spool_file.path)
-        if read is not None and (read.stamp == spool_file.stamp or (
-                isinstance(read.error, SchemaError) and read.stamp[0] == spool_file.stamp[0])):
-            self._report(read, spool_file, result)  # a bad header stays bad: same inode
+        before = self._logs.get(spool_file.path) or _LogRead((0, 0, 0), 0)  # never read: b""
+        if spool_file.stamp in (before.stamp, before.seen):
+            self._report(before, spool_file, result)  # already read; its problems stand
             return
-        start = read.offset if read is not None and read.stamp[0] == spool_file.stamp[0] \
-            and read.offset <= spool_file.stamp[2] else 0
+        header = before.header
+        refused = bool(header) and before.error is not None
+        start = before.offset if before.offset <= spool_file.stamp[2] and (
+            refused or before.error is None) else 0
         if not self._spend(spool_file.stamp[2] - start, result):
             return
         notes = Notes()
-        read = self._logs[spool_file.path] = _LogRead(spool_file.stamp, start)
+        read = _LogRead(spool_file.stamp, start, header)
         try:
-            data, read.stamp = self.source.read(spool_file, start)
-            result.read_bytes += len(data)
+            head, data, read.stamp = self.source.read_from(spool_file, start, len(header))
+            result.read_bytes += len(head) + len(data)
+            if refused and head == header:  # the same refused log, grown: still refused
+                before.seen = spool_file.stamp
+                self._report(before, spool_file, result)
+                return
+            if start and head != header:  # another file under the same name: from the start
+                start = read.offset = 0
+                _, data, read.stamp = self.source.read_from(spool_file, 0, 0)
+                result.read_bytes += len(data)
             end = data.rfind(b"\n") + 1  # a line still being appended is read next time
             lines = data[:end].split(b"\n")[:-1]
+            read.offset = start + end
             if start == 0 and lines:
-                who = parse_log_header(lines.pop(0), notes)
+                read.header = lines.pop(0) + b"\n"
+                who = parse_log_header(read.header, notes)
                 if who != (spool_file.job_dir, spool_file.rank, spool_file.pid):
                     raise SchemaError("entries log of another rank or pid", "identity_mismatch")
-            read.offset = start + end
         except (SpoolError, SchemaError) as exc:
-            read.error = exc
-            lines = []
+            read.error, lines = exc, []
+        self._logs[spool_file.path] = read
         for line in lines:
             known = self.ledger.counted(spool_file.job_dir, spool_file.rank, spool_file.pid)
             try:

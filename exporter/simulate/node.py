@@ -145,8 +145,7 @@ class NodeSim:
         for rank in ranks.values():
             proc_files.write_cgroup(self.procfs, rank.pid, self.pod_uid(pod),
                                     _hex("container", pod, rank.rank, rank.pid, length=64))
-        if ranks:
-            self.spool.write(job, list(ranks.values()), now)
+        self.spool.write(job, list(ranks.values()), now)  # none: the job's logs are closed
 
     @staticmethod
     def pod_uid(pod: str) -> str:

@@ -5,7 +5,7 @@ torch's own `memory_stats()` keys, `step`), the Flight Recorder blobs are shaped
 JSON dumps (`pg_config`, `pg_status`, `entries`), and the bytes go through the reporter's own
 `spoolfile.compose` and `write_atomic` into the paths `layout` derives, so the daemon cannot
 tell a simulated rank from a real one.  The state file is rewritten every tick (the reporter's
-1 s status cadence), the entries file every `entries_interval`.
+1 s status cadence), the entries log every `entries_interval`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from llmmon_reporter import layout, spoolfile
+from llmmon_reporter.entrylog import EntryLog
 from llmmon_reporter.flight import GENERIC_API, ranges
 from llmmon_reporter.stepstats import STEP_BUCKETS
 from llmmon.simulate.job import Job, Rank
@@ -38,6 +39,10 @@ def identity(job: Job, rank: Rank, node: str) -> dict[str, Any]:
 
 
 def _flight(job: Job, rank: Rank, entries: list[dict[str, Any]] | None) -> bytes:
+    return json.dumps(_dump(job, rank, entries), separators=(",", ":")).encode()
+
+
+def _dump(job: Job, rank: Rank, entries: list[dict[str, Any]] | None) -> dict[str, Any]:
     members = list(range(job.world_size))
     dump: dict[str, Any] = {
         "version": FR_VERSION, "comm_lib_version": NCCL_VERSION,
@@ -47,7 +52,7 @@ def _flight(job: Job, rank: Rank, entries: list[dict[str, Any]] | None) -> bytes
                             "last_completed_collective": rank.completed}}}
     if entries is not None:
         dump["entries"] = entries
-    return json.dumps(dump, separators=(",", ":")).encode()
+    return dump
 
 
 def _memory(rank: Rank) -> dict[str, int]:
@@ -86,15 +91,14 @@ def state_document(job: Job, rank: Rank, node: str, started_ns: int, ticks: int)
     return spoolfile.compose(header, {"status": _flight(job, rank, None), "inflight": inflight})
 
 
-def entries_document(job: Job, rank: Rank) -> bytes:
-    header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": time.time_ns(),
-              "identity": {"job_id": job.job_id, "rank": rank.rank, "pid": rank.pid}}
-    entries = list(rank.ring) + ([rank.pending] if rank.pending else [])
-    return spoolfile.compose(header, {"dump": _flight(job, rank, entries)})
+def ring(job: Job, rank: Rank) -> dict[str, Any]:
+    """The rank's Flight Recorder ring, as the reporter reads it."""
+    return _dump(job, rank, list(rank.ring) + ([rank.pending] if rank.pending else []))
 
 
 class SpoolWriter:
-    """Writes the state and entries files of the ranks of one node."""
+    """Writes the state files and entries logs of the ranks of one node (a log's file stays
+    open while its rank lives, as the reporter's does)."""
 
     def __init__(self, root: str, node: str, entries_interval: float) -> None:
         self.root = root
@@ -103,17 +107,25 @@ class SpoolWriter:
         self._next_entries: dict[tuple[str, int, int], float] = {}
         self._started_ns: dict[tuple[str, int, int], int] = {}
         self._ticks: dict[tuple[str, int, int], int] = {}
+        self._logs: dict[tuple[str, int, int], EntryLog] = {}
 
     def write(self, job: Job, ranks: list[Rank], now: float) -> None:
         directory = layout.job_dir(self.root, job.job_id)
+        live = {(job.job_id, rank.rank, rank.pid) for rank in ranks}
+        for key in [k for k in self._logs if k[0] == job.job_id and k not in live]:
+            self._logs.pop(key).close()  # that process is gone
         for rank in ranks:
             key = (job.job_id, rank.rank, rank.pid)
             started = self._started_ns.setdefault(key, time.time_ns())
             ticks = self._ticks[key] = self._ticks.get(key, 0) + 1
             os.makedirs(directory, exist_ok=True)  # the daemon removes it with the last rank
             if now >= self._next_entries.get(key, 0.0):
-                spoolfile.write_atomic(directory, layout.entries_name(rank.rank, rank.pid),
-                                       entries_document(job, rank))
+                log = self._logs.get(key)
+                if log is None:
+                    log = self._logs[key] = EntryLog(
+                        directory, layout.log_name(rank.rank, rank.pid),
+                        {"job_id": job.job_id, "rank": rank.rank, "pid": rank.pid})
+                log.write(ring(job, rank), time.time_ns())
                 self._next_entries[key] = now + self.entries_interval
             spoolfile.write_atomic(directory, layout.state_name(rank.rank, rank.pid),
                                    state_document(job, rank, self.node, started, ticks))

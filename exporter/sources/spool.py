@@ -157,9 +157,15 @@ class SpoolSource:
                              _stamp(st))
         return None
 
-    def read(self, spool_file: SpoolFile, offset: int = 0) -> tuple[bytes, Stamp]:
-        """The file's bytes from `offset` on (at most max_file_bytes), never through a
-        symlink."""
+    def read(self, spool_file: SpoolFile) -> tuple[bytes, Stamp]:
+        """The file's bytes (at most max_file_bytes), never through a symlink."""
+        _, data, stamp = self.read_from(spool_file, 0, 0)
+        return data, stamp
+
+    def read_from(self, spool_file: SpoolFile, offset: int, head: int
+                  ) -> tuple[bytes, bytes, Stamp]:
+        """The first `head` bytes and the bytes from `offset` on (at most max_file_bytes),
+        from one open of the file, never through a symlink."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(spool_file.path, flags)
@@ -169,6 +175,7 @@ class SpoolSource:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise SpoolError("unexpected", spool_file.path, "not a regular file")
+            start = os.pread(fd, head, 0) if head else b""
             os.lseek(fd, offset, os.SEEK_SET)
             chunks, total = [], 0
             while total <= self.max_file_bytes:
@@ -182,7 +189,7 @@ class SpoolSource:
         if total > self.max_file_bytes:
             raise SpoolError("too_large", spool_file.path,
                              f"larger than {self.max_file_bytes} bytes")
-        return b"".join(chunks), _stamp(st)
+        return start, b"".join(chunks), _stamp(st)
 
     def remove(self, path: str) -> None:
         """Delete a file of a dropped rank (best effort: the spool may be mounted read-only)."""

@@ -14,6 +14,8 @@ import json
 import pickle
 from typing import Any, Callable
 
+from llmmon_reporter import entrylog
+
 NCCL_API = "_dump_nccl_trace_json"
 GENERIC_API = "_dump_fr_trace_json"
 PICKLED = {NCCL_API: "_dump_nccl_trace", GENERIC_API: "_dump_fr_trace"}  # same ring, pickled
@@ -38,8 +40,15 @@ class FlightRecorder:
         return self._dump(includeCollectives=False, onlyActive=False)
 
     def active(self) -> bytes:
-        """Entries not yet completed (NCCL); gloo never marks completion and returns all."""
-        return self._dump(includeCollectives=True, onlyActive=True)
+        """The records not yet final, as JSON.  NCCL's dump leaves out completed ones itself;
+        gloo's never marks completion and returns the whole ring, sifted here by `retired`, so
+        a stuck gloo rank's state file carries its few in-flight records, not ~1 MB."""
+        if self._pickled is None:
+            return self._dump(includeCollectives=True, onlyActive=True)
+        doc = self._unpickled(only_active=True)
+        doc["entries"] = [entrylog.project(e) for e in doc.get("entries") or ()
+                          if isinstance(e, dict) and not entrylog.final(e)]
+        return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
     def full(self) -> bytes:
         """The whole ring as JSON (for dump files): 44-77 ms and ~1 MB for 2000 NCCL entries."""
@@ -50,8 +59,13 @@ class FlightRecorder:
         this process (never a file), so unpickling it trusts nothing it did not already."""
         if self._pickled is None:
             return json.loads(self.full())
-        return pickle.loads(self._pickled(includeCollectives=True, includeStackTraces=False,
-                                          onlyActive=False))
+        return self._unpickled(only_active=False)
+
+    def _unpickled(self, only_active: bool) -> dict[str, Any]:
+        assert self._pickled is not None
+        doc = pickle.loads(self._pickled(includeCollectives=True, includeStackTraces=False,
+                                         onlyActive=only_active))
+        return doc if isinstance(doc, dict) else {}
 
 
 def process_groups(c10d_python: Any) -> dict[str, dict[str, Any]]:

@@ -55,6 +55,16 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
 
         group = wait_for(stalled, 300, "group 0 to stall")  # three torch imports under load
         samples = scrape(collector)[0]
+
+        def inflight() -> list | None:
+            try:
+                doc = json.loads(next((spool / JOB).glob("rank_0.*[0-9].json")).read_text())
+            except ValueError:
+                return None  # read between write and rename: next time
+            return doc["inflight"] and doc["inflight"]["entries"]
+
+        # gloo's dump returns the whole ring as active; the reporter ships what is in flight
+        waiting_in = wait_for(inflight, 60, "rank 0's in-flight records")
         server = serve("--collector.disable-defaults", "--collector.ranks",
                        f"--spool.dir={spool}", "--collector.ranks.interval=0.2s",
                        "--collector.ranks.stall-after=1s", "--collector.ranks.dump-after=1s",
@@ -80,6 +90,8 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
         assert job.result(2)["health"]["errors_total"] == 0
 
     assert group["pg"] == "0" and group["behind"] == [2] and group["waiting"] == [0, 1]
+    assert [(e["process_group"][0], e["collective_seq_id"], e["retired"]) for e in waiting_in] \
+        == [("0", 21, False)]
     assert group["op"]["seq"] == 2 * STEPS // 2 + 1 and group["op"]["coll"] == "all_reduce"
     assert by_rank(samples, "llmmon_nccl_last_enqueued_seq", pg="0") == {0: 21, 1: 21, 2: 20}
     assert by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0") == {0: 20, 1: 20, 2: 20}
