@@ -3,10 +3,12 @@ collector, with each code's action; nothing counted twice with the NVML event se
 
 from __future__ import annotations
 
+import csv
 import shutil
 import time
 from pathlib import Path
 
+from llmmon.gpu import xid_catalog
 from llmmon.gpu.xid_catalog import ACTIONS, PAGED
 from tests.conftest import FIXTURES
 from tests.core.helpers import run
@@ -42,7 +44,7 @@ def test_kernel_log_xids_are_counted_with_their_time_and_action(gpu_collector, h
     assert _series(samples, "llmmon_gpu_xid_kernel_log_read") == {(): 1}
     assert _series(samples, "llmmon_gpu_xid_action_info") == {
         ("reset_gpu", "119"): 1, ("check_application", "13"): 1, ("reset_gpu", "48"): 1,
-        ("reset_gpu", "63"): 1, ("reboot_node", "79"): 1, ("check_application", "94"): 1}
+        ("none", "63"): 1, ("reboot_node", "79"): 1, ("check_application", "94"): 1}
 
 
 def test_an_xid_after_the_start_is_counted_once(gpu_collector, h200x8: Path,
@@ -80,8 +82,24 @@ def test_an_unreadable_kernel_log_is_an_error_and_loses_nothing(gpu_collector, h
     assert len(_series(samples, "llmmon_gpu_up")) == 8
 
 
-def test_every_catalogued_action_is_known_and_paging_ones_need_an_sre() -> None:
-    assert set(ACTIONS.values()) <= {"reset_gpu", "reboot_node", "rma", "check_application",
-                                     "none"}
+BUCKETS = {"RESTART_APP": "check_application", "RESET_GPU": "reset_gpu",
+           "RESTART_BM": "reboot_node", "CONTACT_SUPPORT": "rma", "IGNORE": "none",
+           "WORKFLOW_XID_48": "reset_gpu", "WORKFLOW_NVLINK_ERR": "reset_gpu",
+           "WORKFLOW_NVLINK5_ERR": "reset_gpu", "WORKFLOW_XID_45": "none", "XID_154": "none"}
+
+
+def test_every_action_is_the_catalogues_and_every_h100_code_needing_a_human_is_mapped() -> None:
+    """Against NVIDIA's catalogue rows (tests/fixtures/gpu/xid_catalog.csv): each code's action
+    is its immediate-action bucket's; each H100 code with a bucket we have an action for is in
+    the table; buckets with no action here are left unknown."""
+    lines = (FIXTURES / "gpu" / "xid_catalog.csv").read_text().splitlines()
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    catalogue = {int(row["code"]): row for row in rows}
+    for code, action in ACTIONS.items():
+        assert BUCKETS[catalogue[code]["immediate"]] == action, (code, catalogue[code])
+    for code, row in catalogue.items():
+        if row["h100"] == "YES" and row["immediate"] in BUCKETS:
+            assert code in ACTIONS, row
+        if row["immediate"] not in BUCKETS:
+            assert xid_catalog.action(code) == "unknown", row
     assert set(PAGED) == {"reset_gpu", "reboot_node", "rma"}
-    assert ACTIONS[79] == "reboot_node" and ACTIONS[64] == "rma" and ACTIONS[13] == "check_application"
