@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from llmmon_reporter import layout, spoolfile
 
 KIND = "entries-log"
-MAX_BYTES = 4 << 20  # rewritten whole past this: ~6 rings of 2,000 projected records
+MAX_BYTES = 2 << 20  # rewritten whole past this: ~3 rings of 2,000 projected records
 HOLD_BACK = 256  # a record unfinished this far behind the newest is not shipped again
 FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p",
           "profiling_name", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes",
