@@ -31,6 +31,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -87,8 +88,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def scrape(conn: http.client.HTTPConnection) -> tuple[float, int]:
-    """One Prometheus-style scrape: milliseconds and the number of series."""
+DURATION = re.compile(r'^llmmon_exporter_collector_duration_seconds\{collector="([a-z_]+)"\} '
+                      r'([0-9.e+-]+)$', re.MULTILINE)
+
+
+def scrape(conn: http.client.HTTPConnection, durations: dict[str, list[float]] | None = None
+           ) -> tuple[float, int]:
+    """One Prometheus-style scrape: milliseconds and the number of series; each collector's
+    last run duration is appended to `durations`."""
     started = time.perf_counter()
     conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
     response = conn.getresponse()
@@ -98,7 +105,10 @@ def scrape(conn: http.client.HTTPConnection) -> tuple[float, int]:
         raise RuntimeError(f"scrape answered {response.status}")
     if response.getheader("Content-Encoding") == "gzip":
         body = gzip.decompress(body)
-    return elapsed, sum(1 for line in body.decode().splitlines() if line and line[0] != "#")
+    text = body.decode()
+    for name, seconds in DURATION.findall(text) if durations is not None else ():
+        durations.setdefault(name, []).append(float(seconds))
+    return elapsed, sum(1 for line in text.splitlines() if line and line[0] != "#")
 
 
 def node_exporter(sysfs: Path, procfs: Path) -> tuple[subprocess.Popen, int] | None:
@@ -146,6 +156,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
     cpu_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
     last_cpu, last_time = cpu_seconds(exporter.process.pid), started
     idle, loaded, series, curve = [], [], [], []
+    durations: dict[str, list[float]] = {}
     try:
         while (now := time.monotonic()) < started + wall:
             if hog and hog_proc is None and now >= loaded_at:
@@ -160,7 +171,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
                 simulation.step(time.time())
                 next_tick += tick
             if now >= next_scrape:
-                elapsed, count = scrape(conn)
+                elapsed, count = scrape(conn, durations)
                 (idle if now < loaded_at else loaded).append(elapsed)
                 series.append(count)
                 if peer_conn is not None:
@@ -195,7 +206,15 @@ def soak(work: Path, hours: float, compression: float, samples: int,
                   "per_hour_percent": round(100 * used / HOUR + (
                       SAMPLER_PERCENT * (1 - wall / HOUR) if name == "llmmon" else 0), 2)}
            for name, used in cpu_used.items()}
+    intervals = {flag.split(".")[1]: max(seconds / compression, floors[flag])
+                 for flag, seconds in DURATIONS.items() if flag.endswith(".interval")}
+    runs = {name: {"median_ms": round(1000 * statistics.median(values), 2),
+                   "interval_s": round(intervals[name], 3) if name in intervals else None,
+                   "share_percent": round(100 * statistics.median(values) / intervals[name], 2)
+                   if name in intervals else None}
+            for name, values in sorted(durations.items())}
     return {"hours": hours, "compression": compression, "wall_seconds": round(wall, 1),
+            "collector_runs": runs,
             "scrape_interval_seconds": scrape_interval, "hog": hog,
             "scrapes": {"idle": len(idle), "loaded": len(loaded)},
             "scrape_ms": {"idle_p50": round(statistics.median(idle), 2) if idle else None,
@@ -262,6 +281,11 @@ def main() -> int:
         cpu = "-" if point["cpu_percent"] is None else f"{point['cpu_percent']:.1f}"
         print(f"{point['hour_fraction']:>6.2f}{point['rss_mib']:>10.1f}{cpu:>8}"
               f"{point['series'] or 0:>8}")
+    print(f"\n{'collector':12}{'run median ms':>15}{'interval s':>12}{'share of a core %':>19}"
+          "   (compressed: N times an hour's share)")
+    for name, run in result["collector_runs"].items():
+        print(f"{name:12}{run['median_ms']:>15}{run['interval_s'] or '-':>12}"
+              f"{run['share_percent'] if run['share_percent'] is not None else '-':>19}")
     rows = targets(result)
     result["targets"] = [dict(zip(("target", "figure", "goal", "met", "previous"), row))
                          for row in rows]
