@@ -63,6 +63,18 @@ def test_nfs_drop_in_verifies_and_adds_exactly_one_named_capability(tmp_path):
                      "AmbientCapabilities": ["CAP_DAC_READ_SEARCH"]}
 
 
+def test_kernel_log_drop_in_verifies_and_only_shows_the_kernel_log_to_one_capability(tmp_path):
+    drop_in = (SYSTEMD / "kernel-log.conf").read_text()
+    out = verify(tmp_path, unit(drop_in))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert service_settings(drop_in) == {"ProtectKernelLogs": ["no"],
+                                         "CapabilityBoundingSet": ["CAP_SYSLOG"],
+                                         "AmbientCapabilities": ["CAP_SYSLOG"]}
+    # the path it opens is the collector's default, so the drop-in needs no config change
+    settings = build_settings(build_parser().parse_args(["serve"]), discover())
+    assert settings.collectors["gpu"]["kmsg_path"] == "/dev/kmsg"
+
+
 def test_hardening_settings():
     s = service_settings(unit())
     assert s["User"] == ["llmmon"] and s["Group"] == ["llmmon"]
