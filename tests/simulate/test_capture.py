@@ -42,15 +42,17 @@ def settings_for(*flags: str) -> Settings:
 
 
 def scraped(server: Server) -> str:
-    """/metrics of a real `llmmon serve` once every collector ran and the 20 Hz power
-    sampler has a window for every GPU (masked)."""
+    """/metrics of a real `llmmon serve` once every collector ran, the 20 Hz power sampler has
+    a window for every GPU and every GPU has its GPM ratios, which need a second GPU run
+    (masked).  Under load the first scrape can come between the two runs."""
     server.wait_collected(timeout=90)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         text = requests.get(server.url + "/metrics", timeout=10).text
         gpus = text.count("\nllmmon_gpu_info{")
         windows = text.count("\nllmmon_gpu_power_instant_watts{")
-        if (gpus and windows == gpus) or time.monotonic() > deadline:
+        gpm = text.count("\nllmmon_gpu_sm_active_ratio{")
+        if (gpus and windows == gpus == gpm) or time.monotonic() > deadline:
             return MASK.sub(r"\1 <volatile>", text)
         time.sleep(0.2)
 
