@@ -13,7 +13,7 @@ Parses are kept only as far as they are needed again: an entries file's only its
 records are counted), a state file's without its in-flight dump (indexed once), so memory is
 what the ledger keeps, not what the files hold.  An entries log is read from where the last
 read stopped (its last complete line), so a refresh costs what was appended, not the ring;
-a new inode is read from the start.
+another file under its name (its header line differs) is read from the start.
 """
 
 from __future__ import annotations

@@ -555,7 +555,7 @@ def parse_segment(line: bytes, notes: Notes, known: Container[int] = ()) -> tupl
 
 
 def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:
-    """A whole-ring entries document (reporters before the entries log, and the simulator)."""
+    """A whole-ring entries document (reporters before the entries log)."""
     doc = _load(data, "entries")
     who = _obj(doc.get("identity"), "identity")
     return RankEntries(job_id=_job(who.get("job_id"), notes),

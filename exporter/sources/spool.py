@@ -2,7 +2,7 @@
 
 Layout (see reporter/llmmon_reporter/layout.py): `<root>/<job>/rank_<rank>.<pid>.json` (state, every
 second), `rank_<rank>.<pid>.entries.jsonl` (the entries log, appended every ~20 s) and, from
-older reporters and the simulator, `rank_<rank>.<pid>.entries.json` (the whole ring).  Anything
+older reporters, `rank_<rank>.<pid>.entries.json` (the whole ring).  Anything
 else — symlinks, devices, odd names, oversized files, too many files — is rejected with a
 reason and never opened.
 

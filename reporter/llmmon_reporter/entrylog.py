@@ -10,8 +10,9 @@ counted as missed.
 
 The file is created whole (header and the whole ring, written to a temporary name and renamed)
 at the first tick, after a failed append, when the file at its name is no longer the one it
-has open (a wiped spool) and once it passes `MAX_BYTES`; the daemon reads a new
-inode from the start and otherwise only the bytes appended since its last read.  Only the
+has open (a wiped spool) and once it passes `MAX_BYTES`; the daemon reads a file whose header
+line it does not know from the start and otherwise only the bytes appended since its last
+read.  Only the
 fields the daemon reads are kept (no stack traces, no discovery times).
 """
 

@@ -39,8 +39,8 @@ def state_name(rank: int, pid: int) -> str:
 
 
 def entries_name(rank: int, pid: int) -> str:
-    """The whole-ring entries document: written by reporters before the entries log (read for
-    one more release) and by the simulator."""
+    """The whole-ring entries document written by reporters before the entries log (read
+    for one more release)."""
     return f"{RANK_PREFIX}{rank}.{pid}.entries.json"
 
 
