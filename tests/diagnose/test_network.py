@@ -8,6 +8,8 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import FIXTURES
 from tests.diagnose.node import check, edit_json, subjects, texts
 
@@ -115,8 +117,9 @@ def test_bus_bandwidth_and_late_rank_from_timings(node) -> None:
 
     late = check(report, "network.straggler")
     scores = [e for e in late["evidence"] if "straggler_score" in e["values"]]
+    # a ratio of rates Prometheus computed: equal to the last bit only most of the time
     assert [(e["subject"]["rank"], e["values"]["straggler_score"]) for e in scores] == \
-        [("3", 0.75)]
+        [("3", pytest.approx(0.75))]
 
 
 def test_reference_needs_large_messages(node) -> None:
