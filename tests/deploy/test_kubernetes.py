@@ -153,8 +153,10 @@ def test_user_and_host_pid(path):
 def test_host_mounts_are_minimal_and_read_only_but_the_dump_directory(path, tmp_path):
     spec = pod(path)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host == {"sys": "/sys", "proc": "/proc",
+    relay = {"kmsg": "/dev/kmsg"} if path.name == "kernel-log" else {}  # the sidecar's only
+    assert host == {"sys": "/sys", "proc": "/proc", **relay,
                     **{name: where for name, (where, _) in SHARED.items()}}
+    assert not relay.keys() & {m["name"] for m in container(path)["volumeMounts"]}
     mounts = {m["name"]: m for m in container(path)["volumeMounts"]}
     writable = {name for name, m in mounts.items() if m.get("readOnly") is not True}
     assert writable == {"fr"}  # settled dumps are moved into sets and old sets pruned
@@ -171,6 +173,34 @@ def test_host_mounts_are_minimal_and_read_only_but_the_dump_directory(path, tmp_
     ranks = _settings(path, tmp_path).collectors["ranks"]  # what the ranks collector opens
     assert (ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"]) == \
         tuple(mounts[name]["mountPath"] for name in ("ranks", "frpipe", "fr"))
+
+
+@pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
+def test_only_the_kernel_log_overlay_adds_a_container_and_it_is_the_relay_alone(path, tmp_path):
+    spec = pod(path)
+    assert [c["name"] for c in spec["containers"]] == ["llmmon"]
+    if path.name != "kernel-log":
+        assert "initContainers" not in spec
+        return
+    [relay] = spec["initContainers"]
+    kmsg_path = _settings(path, tmp_path).collectors["gpu"]["kmsg_path"]
+    assert relay["restartPolicy"] == "Always"  # a native sidecar, started before the exporter
+    assert relay["image"] == container(path)["image"]
+    assert relay["args"][0] == "kmsg-relay" and f"--out={kmsg_path}" in relay["args"]
+    probe = relay["startupProbe"]["exec"]["command"]
+    assert probe[1:] == ["kmsg-relay", "--check", f"--out={kmsg_path}"]
+    assert "ports" not in relay
+    assert relay["securityContext"]["privileged"] is True  # /dev/kmsg: the reason it exists
+    assert relay["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in relay["volumeMounts"]}
+    assert set(mounts) == {"kmsg", "kernel-log"}
+    assert mounts["kmsg"] == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert volumes["kernel-log"]["emptyDir"]["medium"] == "Memory"
+    shared = next(m for m in container(path)["volumeMounts"] if m["name"] == "kernel-log")
+    assert shared["readOnly"] is True
+    assert kmsg_path.rsplit("/", 1)[0] == shared["mountPath"] == mounts["kernel-log"]["mountPath"]
 
 
 def test_node_tmpfiles_make_every_shared_directory_for_the_daemonsets_user():
