@@ -34,7 +34,7 @@ def _job_ended(blamed: set[int], world: int) -> set[int]:
 
 
 def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str, set[int]]:
-    """The job's stalled groups, down ranks and any verdicts, over both daemons."""
+    """The job's stalled groups, its end, down ranks and any verdicts, over both daemons."""
     lines: list[str] = []
     blamed: set[int] = set()
     down: set[int] = set()
@@ -43,10 +43,14 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
         for job in answer.get("jobs", []):
             if job.get("job_id") != job_id:
                 continue
+            end = job.get("end")
+            if end:  # the daemon's verdict on the job's end: the rank named first is blamed
+                lines.append(f"{node}: {end['summary']}")
+                blamed |= set(end.get("first", []))
             for rank in job.get("ranks", []):
                 if rank.get("up"):
                     up += 1
-                else:
+                elif not rank.get("exit"):  # an ended rank is in the end's verdict
                     down.add(rank["rank"])
                     lines.append(f"{node}: rank {rank['rank']} down, report age "
                                  f"{rank.get('report_age_seconds')} s")

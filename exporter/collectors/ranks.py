@@ -145,6 +145,13 @@ DOING_INFO = MetricSpec(
     "visible) and where its training thread is (innermost frame of the job's code, and the "
     "library call it is in). Only while the rank completes nothing, or is stopped.",
     RANK + ("state", "where"))
+ISSUED = MetricSpec(
+    "llmmon_nccl_inflight_collective_info", "info",
+    "What each rank issued as its group's oldest uncompleted collective (operation, bytes, "
+    "element type): exported once the group has waited 5 s in it, or its job ended with it in "
+    "flight. Ranks of a group must agree at each sequence number; the rules name the rank that "
+    "differs from the others across nodes (LLMTrainingDesync).",
+    ("job_id", "pg", "rank", "seq", "signature"))
 STALL_THRESHOLD = MetricSpec(
     "llmmon_nccl_stall_threshold_seconds", "gauge",
     "How long the group may complete nothing while ranks wait before it is stalled: "
@@ -179,7 +186,7 @@ class RanksCollector(Collector):
              LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, STALL_THRESHOLD, STALLED)
+             DOING_INFO, ISSUED, STALL_THRESHOLD, STALLED)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -202,7 +209,8 @@ class RanksCollector(Collector):
                "The learned stall threshold: this many times the p99 gap between a group's "
                "collectives (or step time).", minimum=1.0, maximum=1000.0),
         Option("pid_poll", "duration", "100ms",
-               "How often the ranks' /proc/<pid> are polled, to see and order their ends.",
+               "How often the ranks' /proc/<pid> are polled (state, CPU; their exits are seen at "
+               "once through pidfds, and by this poll where pidfds are not available).",
                minimum="10ms", maximum="1m"),
         Option("auto_dump", "bool", True,
                "Request a Flight Recorder dump from a job once a group stalls for dump_after."),
@@ -389,6 +397,9 @@ class RanksCollector(Collector):
             if rank["alive"] and (rank["stack"] or doing["stopped"]):
                 families.add(DOING_INFO, labels + [doing["state"], doing["where"]], 1)
         for group in job["groups"]:
+            for rank, signature in group["issued"].items():
+                families.add(ISSUED, [job_id, group["pg"], rank, str(group["op"]["seq"]),
+                                      signature], 1)
             families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
             families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
 

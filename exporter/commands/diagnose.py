@@ -110,13 +110,18 @@ class RanksBranch:
         if not evidence.get("jobs"):
             return [Finding(self.name, "info", "no training ranks report on this node")]
         for job in evidence["jobs"]:
+            end = job.get("end")
+            ended = {e["rank"] for e in end["ranks"]} if end else set()
+            if end:  # a rank named first took the job down: worth a look, not a hang
+                findings.append(Finding(self.name, "warning" if end["first"] else "info",
+                                        end["summary"], end))
             for rank in job["ranks"]:
                 if rank["reporter"]["disabled"]:
                     findings.append(Finding(
                         self.name, "warning",
                         f"job {job['job_id']}, rank {rank['rank']}: reporter disabled itself: "
                         f"{rank['reporter']['disabled_reason']}", {"rank": rank}))
-                elif not rank["up"]:
+                elif not rank["up"] and rank["rank"] not in ended:
                     findings.append(Finding(
                         self.name, "warning",
                         f"job {job['job_id']}, rank {rank['rank']} (pid {rank['pid']}) stopped "

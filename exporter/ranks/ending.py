@@ -4,10 +4,12 @@ Each rank's end is known from its reporter's exit record (written at interpreter
 unhandled exception, or a normal exit) or from procfs (the process vanished: a signal, or
 os._exit).  A recorded end has a time; a vanished one lies between the reporter's last write
 and the moment the daemon saw the pid gone.  The first end is the one that could be first
-and explains the others best: a crash of the job's own code before a kill, a kill before a
-communication error (peers of a dead rank fail in their next collective), any of them before a
-normal exit.  Ranks that all vanished within the same moment were stopped from outside
-(torchrun's teardown of a job, preemption, a scheduler's kill): no rank is blamed.
+and explains the others best: a crash of the job's own code before a violent kill (SIGKILL,
+SIGSEGV, SIGABRT), that before a polite one (SIGTERM: torchrun's teardown) or an unknown end, any
+of them before a communication error (peers of a dead rank fail in their next collective), all
+before a normal exit.  Ranks that all vanished within the same moment were stopped from outside
+(torchrun's teardown of a job, preemption, a scheduler's kill): no rank is blamed.  Nor is one
+when every end seen here is a peer's failure: the rank that went first is on another node.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ PEER_FAILURE = re.compile(r"connection (closed|reset)|broken pipe|peer|DistBacke
                           r"timed? ?out|abort", re.IGNORECASE)
 
 
+# How torchrun tears the rest of a job down, and how schedulers preempt: SIGTERM (or SIGINT,
+# SIGHUP).  A rank that died of another signal (SIGKILL from the OOM killer, SIGSEGV, SIGABRT)
+# or with a non-zero status while the others got those was the first to go.
+POLITE = (-15, -2, -1)
+
+
 @dataclass(frozen=True)
 class End:
     rank: int
@@ -37,12 +45,13 @@ class End:
 
     @property
     def cause(self) -> int:
-        """0 explains the others best: own crash, kill, peer failure, normal exit."""
+        """0 explains the others best: own crash, a violent kill, an end from outside (a polite
+        signal or unknown), peer failure, normal exit."""
         if self.how == "exception":
-            return 2 if PEER_FAILURE.search(self.error) else 0
+            return 3 if PEER_FAILURE.search(self.error) else 0
         if self.how == "vanished":
-            return 1
-        return 3 if self.code == 0 else 0
+            return 2 if self.code is None or self.code in POLITE else 1
+        return 4 if self.code == 0 else 0
 
     def words(self) -> str:
         if self.how == "exception":
@@ -79,11 +88,19 @@ def verdict(job: str, ranks: list[int], ends: list[End]) -> dict[str, Any] | Non
     best = min(e.cause for e in possible)
     first = sorted((e for e in possible if e.cause == best), key=lambda e: e.earliest)
     rest = "" if ended else f"; rank(s) {spans_text(alive)} still run"
-    if best == 3 and all(e.cause == 3 for e in ends):
+    if best == 4 and all(e.cause == 4 for e in ends):
         text = (f"job {job} ended: every rank on this node exited normally" if ended else
                 f"job {job}: rank(s) {spans_text([e.rank for e in ends])} exited normally{rest}")
         first = []
-    elif len(first) > 1 and best == 1:
+    elif best == 3:
+        # Every end here is a peer's failure seen from this side: the rank that failed first is
+        # one this daemon does not follow (another node's), or the network between them.
+        lost = [e.rank for e in ends if e.cause == 3]
+        text = (f"job {job}: rank(s) {spans_text(lost)} lost a peer ({first[0].error[:160]}): "
+                f"the rank that failed first is not on this node, "
+                f"or the network between them failed{rest}")
+        first = []
+    elif len(first) > 1 and best in (1, 2):
         spread = max(e.latest for e in first) - min(e.earliest for e in first)
         text = (f"job {job} ended: ranks {spans_text([e.rank for e in first])} stopped within "
                 f"{spread:.1f} s of each other without an exit record (a signal from outside: "

@@ -11,13 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmmon.ranks import culprit, ending, pace
+from llmmon.ranks import culprit, desync, ending, pace
 from llmmon.ranks.ledger import Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, Process
 from llmmon.ranks.schema import Group
 from llmmon.ranks.spans import join_spans, spans_text
 
 BUSY_WINDOW = 60.0  # seconds of activity shown per rank in /api/v1/ranks
+# A group's frontier collective is exported per rank (what each issued) once it has waited this
+# long, or its job ended with it in flight: a healthy job completes it in far less.
+ISSUED_AFTER = 5.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     # checkpoint) is progress, its collective completes at the next reports.
     entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
     stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
+    issued = {t.state.identity.rank: c for t, c in zip(members, created) if c is not None}
+    found = desync.find(frontier, issued) if op else None
+    shown = bool(op) and (stalled_for >= ISSUED_AFTER or job.end is not None)
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
     window = max(stalled_for, 1.0)
     doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
@@ -129,6 +135,8 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "stopped": stopped,
         "busy": busy,
         "op": op,
+        "issued": {str(r): desync.compared(e) for r, e in sorted(issued.items())} if shown else {},
+        "desync": found,
         "no_progress_seconds": round(since, 3),
         "stalled_seconds": round(stalled_for, 3),
         "pace": learned.json(),
@@ -154,8 +162,9 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
     if group["pg_desc"]:
         head += f" ({group['pg_desc']})"
     op = group["op"]
+    found = group.get("desync")
     if end is not None:
-        return f"{head}: not a hang: {end['summary']}"
+        return f"{head}: not a hang: {end['summary']}" + (desync.text(found) if found else "")
     if op is None:
         return f"{head}: nothing in flight (last completed #{group['last_completed']})"
     name = f"{op['coll'] or 'collective'} #{op['seq']}"
@@ -169,7 +178,7 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
                            f"#{progress[r].enqueued})" + (f": {doing[r]}" if doing.get(r) else "")
                            for r in group["behind"])
         text += f"; {behind}"
-    elif group["stopped"]:
+    elif group["stopped"] or found:
         pass  # named below
     elif group["size"] and group["size"] > len(group["local_ranks"]):
         text += (f"; every rank on this node enqueued it: the rank behind is on another node "
@@ -179,6 +188,8 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
     for rank in group["stopped"]:
         if rank not in group["behind"]:
             text += f"; rank {rank} {doing.get(rank) or 'is stopped'}".replace(" it is ", " is ", 1)
+    if found:
+        text += desync.text(found)
     if group["stale"]:
         text += f"; rank(s) {spans_text(group['stale'])} stopped reporting"
     if not group["stalled"]:

@@ -50,6 +50,14 @@ class Histogram:
 class Enqueued:
     created_ns: int
     coll: str
+    dtype: str
+    nbytes: int | None
+
+    @property
+    def signature(self) -> str:
+        """What the rank issued: ranks of a group must agree on it at each sequence number."""
+        size = "? B" if self.nbytes is None else f"{self.nbytes} B"
+        return f"{self.coll} {size} {self.dtype}".rstrip()
 
 
 @dataclass
@@ -122,8 +130,8 @@ class RankTrack:
         progress = self.state.progress
         for entry in dump.entries:
             if not entry.is_p2p and entry.pg in progress:
-                self.index.setdefault(entry.pg, {})[entry.seq] = Enqueued(entry.created_ns,
-                                                                          entry.coll)
+                self.index.setdefault(entry.pg, {})[entry.seq] = Enqueued(
+                    entry.created_ns, entry.coll, entry.dtype, entry.nbytes)
         share = MAX_INDEXED_SEQS // max(1, len(self.index))
         for seqs in self.index.values():
             if len(seqs) > share:

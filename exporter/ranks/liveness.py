@@ -7,10 +7,20 @@ A followed process that disappears, becomes a zombie or is replaced by another o
 the time that was first seen orders the ends of a job's ranks (a thread polls every
 `interval`, finer than the collector's runs, because torchrun tears the other ranks down
 within a fraction of a second of the first one's death).
+
+A process' exit status is readable only while it is a zombie, and torchrun reaps its workers
+within its 0.1 s monitor interval: a poll every 0.1 s misses it about half the time, and a
+SIGKILLed rank then reads like the ranks torchrun tore down after it.  So the thread also
+holds a pidfd (pidfd_open(2), Linux 5.3) of each visible process, which becomes readable the
+moment the process exits, before its parent reaps it, and reads its stat then.  A pidfd is
+kept only if the process under that number in this daemon's own /proc has the start time the
+reporter wrote (with --path.procfs of another PID namespace the numbers mean other processes).
 """
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -37,24 +47,43 @@ class PidWatch:
         self.procfs = procfs
         self.interval = interval
         self._processes: dict[Key, Process] = {}
+        self._pidfds: dict[Key, int] = {}  # of visible processes not yet seen gone
+        self._own = RootedFS("/proc")  # this daemon's PID namespace, for the pidfds
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a new pidfd, stop
         self._thread = threading.Thread(target=self._run, name="llmmon-pidwatch", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
+        if self._thread is None or self._stop.is_set():
+            return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2 * self.interval + 1)
+        self._wake()
+        self._thread.join(2 * self.interval + 1)
+        with self._lock:
+            for key in list(self._pidfds):
+                os.close(self._pidfds.pop(key))
+        if not self._thread.is_alive():  # else the thread still polls them: leave them open
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # full: the thread is waking anyway
+            pass
 
     def follow(self, wanted: dict[Key, int]) -> None:
         """Follow exactly these processes (key -> the start time their reporter wrote)."""
         with self._lock:
             for key in set(self._processes) - set(wanted):
                 del self._processes[key]
+                if key in self._pidfds:
+                    os.close(self._pidfds.pop(key))
             for key, start in wanted.items():
                 if key not in self._processes and start > 0:
                     self._processes[key] = Process(start)
@@ -72,6 +101,31 @@ class PidWatch:
             stat = procstat.read(self.procfs, key[2])
             with self._lock:
                 self._observe(process, stat, now)
+                if process.gone_at is not None and key in self._pidfds:
+                    os.close(self._pidfds.pop(key))
+                elif process.visible and key not in self._pidfds and self._thread is not None:
+                    self._open_pidfd(key, process)
+
+    def _drop(self, ready: set[tuple[Key, int]]) -> None:
+        """A pidfd still held after its process exited (procfs did not show the end): polling
+        goes on without it, rather than waking at once forever."""
+        with self._lock:
+            for key, fd in ready:
+                if self._pidfds.get(key) == fd:
+                    os.close(self._pidfds.pop(key))
+
+    def _open_pidfd(self, key: Key, process: Process) -> None:
+        """Hold a pidfd of the process if this daemon's PID namespace names it by that pid."""
+        try:
+            fd = os.pidfd_open(key[2])
+        except (AttributeError, OSError):  # gone already, an old kernel, or not permitted
+            return
+        mine = procstat.read(self._own, key[2])
+        if mine is None or mine.start_ticks != process.start_ticks:
+            os.close(fd)  # another process under that number here: poll only
+            return
+        self._pidfds[key] = fd
+        self._wake()  # the thread polls the new pidfd from now on, not after its timeout
 
     @staticmethod
     def _observe(process: Process, stat: procstat.ProcStat | None, now: float) -> None:
@@ -90,8 +144,29 @@ class PidWatch:
             process.cpu_seconds, process.cpu_changed = stat.cpu_seconds, now
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        """Poll every `interval`, and at once when a held pidfd says its process exited."""
+        poller, registered = select.poll(), set[int]()
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._stop.is_set():
             try:
-                self.poll()
+                with self._lock:
+                    held = {fd: key for key, fd in self._pidfds.items()}
+                for fd in registered - set(held):
+                    poller.unregister(fd)
+                for fd in set(held) - registered:
+                    poller.register(fd, select.POLLIN)
+                registered = set(held)
+                events = poller.poll(self.interval * 1000)
+                ready = {(held[fd], fd) for fd, _ in events if fd in held}
+                if any(fd == self._wake_r for fd, _ in events):
+                    os.read(self._wake_r, 4096)
+                    if not ready:
+                        continue  # a new pidfd to register (or stop): no poll for it
+                if not self._stop.is_set():
+                    self.poll()
+                self._drop(ready)
             except Exception:  # never let the watcher thread die; the collector polls too
-                pass
+                registered = set()
+                poller = select.poll()
+                poller.register(self._wake_r, select.POLLIN)
+                self._stop.wait(self.interval)

@@ -17,6 +17,7 @@ import os
 import threading
 from typing import Any
 
+from llmmon_reporter import exitstatus
 from llmmon_reporter.layout import DEFAULT_SPOOL
 from llmmon_reporter.stepstats import StepStats
 from llmmon_reporter.worker import Cadence, Reporter
@@ -44,6 +45,7 @@ def start(spool: str | None = None) -> bool:
                 # workers) see another pid here and do not start a second reporter.
                 env["LLMMON_REPORTER_PID"] = str(os.getpid())
                 _reporter.start()
+                exitstatus.watch()
                 atexit.register(_reporter.close)
             return _reporter.health()["running"]
     except Exception:

@@ -105,14 +105,3 @@ def _keyed(path: str) -> dict[str, int]:
             if value.isdigit():
                 values[key] = int(value)
     return values
-
-
-def exit_record() -> dict[str, Any]:
-    """At interpreter exit: an unhandled exception (sys.last_value, set before atexit runs)
-    means exit status 1; otherwise a normal exit (Python does not tell atexit the status a
-    sys.exit(N) asked for, so that reads as 0 too)."""
-    error = getattr(sys, "last_value", None)
-    if error is not None and not isinstance(error, SystemExit):
-        return {"ns": time.time_ns(), "how": "exception", "code": 1,
-                "error": f"{type(error).__name__}: {error}"[:MAX_TEXT * 2]}
-    return {"ns": time.time_ns(), "how": "exit", "code": 0, "error": ""}

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import activity, entrylog, flight, identity, layout, spoolfile
+from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, layout, spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.stepstats import StepStats
 
@@ -155,17 +155,30 @@ class Reporter:
 
     def close(self) -> None:
         """At interpreter exit: stop, write the state once more with how the process ended
-        (so the daemon reads a job's end as an end, not a hang), delete the (large) entries
-        file; the small state file stays until the daemon drops the rank (and its file)."""
+        (so the daemon reads a job's end as an end, not a hang) and what was in flight, delete
+        the (large) entries file; the small state file stays until the daemon drops the rank
+        (and its file)."""
         self.stop(1.0)
         if self._session is None or self._thread.is_alive():
             return
         self._session.log.remove()
         try:
-            self._exit = activity.exit_record()
+            self._exit = exitstatus.record()
+            self._inflight = self._last_inflight(self._session)
             self._write_state(self._status, None)
         except Exception:
             pass  # the spool may be gone; the daemon still sees the pid vanish
+
+    @staticmethod
+    def _last_inflight(session: _Session) -> bytes | None:
+        """What was in flight as the process ends (a rank that dies with a collective its
+        peers disagree with leaves it here: the daemon's evidence of a desync)."""
+        try:
+            if session.torch.distributed.is_initialized():
+                return session.flight.active()
+        except Exception:
+            pass
+        return None
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Run a full tick (entries included) now; True once one finished in time."""

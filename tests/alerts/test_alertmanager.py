@@ -28,7 +28,7 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_config_is_valid() -> None:
     result = _amtool("check-config", str(ALERTMANAGER_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " - 8 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
+    assert " - 9 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
 
 
 @pytest.mark.parametrize("labels, receiver", [
@@ -145,6 +145,9 @@ SOURCES = {
                   "action": "reset_gpu"},
     "hangnodes": {"alertname": "LLMTrainingHangNodes", "severity": "info", "cluster": "c1",
                   "node": "node-f", "job_id": "llama"},
+    "desync": {"alertname": "LLMTrainingDesync", "severity": "critical", "cluster": "c1",
+               "job_id": "bert", "pg": "0", "rank": "3", "node": "node-b", "seq": "273",
+               "signature": "broadcast 256 B Float"},
 }
 MUTED = {  # target -> (labels, the source that mutes it)
     "straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning", "reason": "collective_time",
@@ -181,6 +184,9 @@ MUTED = {  # target -> (labels, the source that mutes it)
                        "device": "mlx5_2", "port": "1"}, "hangnodes"),
     "hang-pfc": ({"alertname": "RDMAPFCStorm", "severity": "critical", "reason": "storm_error_events",
                   "cluster": "c1", "node": "node-f", "netdev": "eth2"}, "hangnodes"),
+    "desync-hang": ({"alertname": "LLMTrainingHang", "severity": "critical",
+                     "reason": "all_ranks_in_collective", "cluster": "c1", "job_id": "bert",
+                     "pg": "0"}, "desync"),
 }
 ACTIVE = {
     "other-job": {"alertname": "LLMTrainingStraggler", "severity": "warning", "cluster": "c1",
@@ -201,6 +207,9 @@ ACTIVE = {
                   "gpu": "2", "uuid": "GPU-e2", "xid": "79"},
     "hang-other-node": {"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1", "node": "node-g",
                         "device": "mlx5_2", "port": "1"},
+    "desync-other-job": {"alertname": "LLMTrainingHang", "severity": "critical",
+                         "reason": "all_ranks_in_collective", "cluster": "c1", "job_id": "t5",
+                         "pg": "0"},
     "hang-not-network": {"alertname": "DiskReadSaturated", "severity": "warning", "cluster": "c1",
                          "node": "node-f", "device": "md0"},
     "other-name": {"alertname": "GPUXidError", "severity": "warning", "cluster": "c1", "node": "node-d",

@@ -23,7 +23,7 @@ HEALTH_ALERTS = {
 }
 # Alerts added after docs/design.md#alert-names' list (hangs across nodes and without the
 # reporter).
-EXTENDED_ALERTS = {"LLMTrainingHangNodes", "LLMTrainingHangSuspected"}
+EXTENDED_ALERTS = {"LLMTrainingHangNodes", "LLMTrainingHangSuspected", "LLMTrainingDesync"}
 # Recording rules the dashboards query by name.
 DASHBOARD_RECORDINGS = {
     "job_id:llmmon_training_mfu:ratio",

@@ -71,3 +71,27 @@ def test_lost_gpu(node) -> None:
     assert subjects(found, "gpu") == {"3", "5"}
     assert found["runbook"].endswith("#gpulost")  # the finding's own alert
     assert "GPU 3 (GPU-5f3c2a10-7d41-4e8b-9c62-0a1b2c3d4e53) does not answer NVML" in texts(found)
+
+
+def _rank1_broadcasts(doc: dict, rank: int) -> None:
+    """Rank 1's #16 of group 0 is a broadcast where ranks 0 and 2 all-gather (in both of its
+    files: the state's in-flight records and the entries)."""
+    part = doc.get("inflight") if "inflight" in doc else doc.get("dump")
+    for entry in (part or {}).get("entries", []) if rank == 1 else []:
+        if entry.get("pg_id") == 0 and entry.get("collective_seq_id") == 16:
+            entry["profiling_name"] = "nccl:broadcast"
+
+
+def test_a_desync_names_the_rank_that_issued_another_collective(node) -> None:
+    quiet = check(node().start().report(), "hang.desync")
+    assert quiet["verdict"] == "ok", quiet  # ranks 0-2 all wait in the same all-gather
+    job = node()
+    job.edit_ranks(_rank1_broadcasts)
+    job.edit_ranks(_rank1_broadcasts, "entries")
+    found = check(job.start().report(), "hang.desync")
+    assert found["verdict"] == "suspect", found
+    assert found["alerts"] == ["LLMTrainingDesync"]
+    said = texts(found)
+    assert len(found["evidence"]) == 1, found["evidence"]
+    assert said.startswith("job llama-8b rank 1") and "issued broadcast " in said, said
+    assert "as collective #16 of group 0, where 2 ranks issued _all_gather_base " in said, said

@@ -13,8 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from llmmon.collectors.ranks import RanksCollector
 from tests.conftest import ROOT
 from tests.ranks.jobs import (TRAINER, Job, base_env, by_rank, job_doc, make_collector,
                               reporting, scrape, wait_for, watched_collector)
@@ -56,37 +59,44 @@ def test_a_job_that_finished_reads_as_ended(tmp_path: Path) -> None:
     assert "not a hang: job done ended" in diagnosed.stdout and "CRIT" not in diagnosed.stdout
 
 
-def test_torchrun_tears_the_job_down_after_a_crash_and_the_crashed_rank_is_named(
-        tmp_path: Path) -> None:
+@contextmanager
+def _torchrun(tmp_path: Path, job_id: str, args: list[str], **overrides: str
+              ) -> Iterator[tuple[RanksCollector, subprocess.Popen[bytes], dict]]:
+    """Three ranks under torchrun (which tears the others down when one dies), a collector
+    on their spool, and the job's document once its watcher has seen every rank alive."""
     spool, out = tmp_path / "spool", tmp_path / "out"
     spool.mkdir()
     out.mkdir()
-    collector = make_collector(spool, tmp_path)
-    collector.start()  # stopped below, with torchrun
+    collector = make_collector(spool, tmp_path, **overrides)
+    collector.start()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "3", str(TRAINER), "--out", str(out), "--culprit", "1",
-               "--crash-at", "150", *LONG]
+               "--nproc-per-node", "3", str(TRAINER), "--out", str(out), *args, *LONG]
     log = open(tmp_path / "torchrun.log", "wb")
-    torchrun = subprocess.Popen(command, env=base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="crash"),
+    torchrun = subprocess.Popen(command, env=base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB=job_id),
                                 cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         # The watcher must have seen the ranks alive before they die; poll until it has.
         def running() -> dict | None:
             job = job_doc(collector)
             return job if job and len(job["ranks"]) == 3 and all(
-                collector.watch.get(("crash", r["rank"], r["pid"])) and
-                collector.watch.get(("crash", r["rank"], r["pid"])).visible
-                for r in job["ranks"]) else None
-        wait_for(running, 240, "three ranks seen alive")
-        doc = wait_for(ended(collector), 120, "the job's end")
-        verdict_at = time.time()
-        assert torchrun.wait(60) != 0
+                (process := collector.watch.get((job_id, r["rank"], r["pid"])))
+                and process.visible for r in job["ranks"]) else None
+        yield collector, torchrun, wait_for(running, 240, "three ranks seen alive")
     finally:
         if torchrun.poll() is None:
             torchrun.kill()
             torchrun.wait(30)
         log.close()
         collector.close()
+
+
+def test_torchrun_tears_the_job_down_after_a_crash_and_the_crashed_rank_is_named(
+        tmp_path: Path) -> None:
+    with _torchrun(tmp_path, "crash", ["--culprit", "1", "--crash-at", "150"]) as (
+            collector, torchrun, _):
+        doc = wait_for(ended(collector), 120, "the job's end")
+        verdict_at = time.time()
+        assert torchrun.wait(60) != 0
     crashed = next(e for e in doc["end"]["ranks"] if e["rank"] == 1)
     print(f"\ncrash -> verdict: {verdict_at - crashed['latest']:.2f} s; {doc['end']['summary']}")
     assert doc["end"]["first"] == [1], (doc["end"], (tmp_path / "torchrun.log").read_text()[-3000:])
@@ -131,4 +141,64 @@ def test_preemption_stops_every_rank_at_once_and_no_rank_is_blamed(tmp_path: Pat
     assert doc["end"]["first"] == [], doc["end"]
     assert doc["end"]["summary"].startswith("job preempted ended: ranks 0–2 stopped within ")
     assert "without an exit record (a signal from outside" in doc["end"]["summary"]
+    assert_not_hung(doc)
+
+
+def _crashed_job(tmp_path: Path, job_id: str, culprit_args: list[str]) -> dict:
+    """Three ranks, the culprit (rank 1) ends at step 60 as `culprit_args` say; no torchrun, so
+    its peers end on their own (a gloo error in their next collective), not by a teardown."""
+    with watched_collector(tmp_path) as (spool, collector):
+        args = [*LONG, "--culprit", "1", *culprit_args]
+        with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB=job_id)) as job:
+            wait_for(ended(collector), 240, "the job's end")
+            doc = job_doc(collector)
+            assert doc is not None
+            diagnosed = subprocess.run(
+                [sys.executable, "-m", "llmmon", "diagnose", "--ranks", "--spool.dir",
+                 str(spool)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+            return doc | {"logs": job.logs(), "diagnose": diagnosed.stdout + diagnosed.stderr}
+
+
+def test_a_rank_that_calls_sys_exit_is_named_first_with_the_status_it_asked_for(
+        tmp_path: Path) -> None:
+    doc = _crashed_job(tmp_path, "quit", ["--exit-at", "60"])
+    assert doc["end"]["first"] == [1], (doc["end"], doc["logs"][-3000:])
+    assert doc["end"]["summary"].startswith(
+        "job quit: rank 1 exited first (code 3) and took the job down"), doc["end"]
+    assert [(e["rank"], e["how"], e["code"]) for e in doc["end"]["ranks"]][1] == (1, "exit", 3)
+    assert_not_hung(doc)
+    # diagnose says it too, as a warning, in place of "rank N stopped reporting"
+    assert "[WARN] ranks: job quit: rank 1 exited first (code 3)" in doc["diagnose"], doc
+    assert "stopped reporting" not in doc["diagnose"], doc["diagnose"]
+
+
+def test_peers_of_a_rank_this_daemon_does_not_follow_blame_nobody_here(tmp_path: Path) -> None:
+    # Rank 1 runs no reporter, as a rank of another node: ranks 0 and 2 fail in their next
+    # collective with gloo's "connection closed by peer"; neither is the first to fail.
+    doc = _crashed_job(tmp_path, "remote", ["--crash-at", "60", "--culprit-unwatched"])
+    assert [r["rank"] for r in doc["ranks"]] == [0, 2], doc["ranks"]
+    assert [(e["rank"], e["how"]) for e in doc["end"]["ranks"]] == [
+        (0, "exception"), (2, "exception")], (doc["end"], doc["logs"][-3000:])
+    assert doc["end"]["first"] == [], doc["end"]
+    assert doc["end"]["summary"].startswith("job remote: rank(s) 0, 2 lost a peer ("), doc["end"]
+    assert "the rank that failed first is not on this node" in doc["end"]["summary"]
+    assert_not_hung(doc)
+    assert "[info] ranks: job remote: rank(s) 0, 2 lost a peer" in doc["diagnose"], doc
+    assert "WARN" not in doc["diagnose"] and "CRIT" not in doc["diagnose"], doc["diagnose"]
+
+
+def test_a_rank_killed_under_torchrun_is_named_though_torchrun_reaps_it_at_once(
+        tmp_path: Path) -> None:
+    # torchrun reaps a dead worker within its 0.1 s monitor interval and SIGTERMs the others:
+    # the SIGKILL status lives that long.  Polls here are a minute apart and the test looks
+    # only after torchrun reaped rank 1, so only the watcher's pidfd can have read it.
+    with _torchrun(tmp_path, "reaped", [], pid_poll="1m") as (collector, torchrun, job):
+        pid = next(r["pid"] for r in job["ranks"] if r["rank"] == 1)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or None, 60, "torchrun to reap it")
+        doc = wait_for(ended(collector), 120, "the job's end")
+        torchrun.wait(60)
+    assert doc["end"]["first"] == [1], (doc["end"], (tmp_path / "torchrun.log").read_text()[-3000:])
+    assert doc["end"]["summary"].startswith(
+        "job reaped: rank 1 exited first (killed by signal 9) and took the job down"), doc["end"]
     assert_not_hung(doc)

@@ -5,8 +5,11 @@ It writes DIR/rank_R.json (checksum of the trained weights, the reporter's healt
 Flight Recorder environment it saw), then keeps running for --hold seconds so the reporter
 keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives), straggler
 (the culprit sleeps before each collective), exit (the culprit leaves early); and, at a given
-step, a crash (the culprit raises), a data loader that never returns (the culprit sleeps in
-`load_next_batch`) or a checkpoint (rank 0 writes with torch.save while the others wait).
+step, a crash (the culprit raises), an exit (the culprit calls sys.exit(3)), a desync (the
+culprit broadcasts where its peers all-reduce), a data loader that never returns (the culprit
+sleeps in `load_next_batch`) or a checkpoint (rank 0 writes with torch.save while the others
+wait).  --culprit-unwatched: the culprit runs no reporter, as a
+rank on another node would (its daemon, not this one, sees it).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 
 import torch
@@ -46,6 +50,12 @@ def parse() -> argparse.Namespace:
                         help="after training, wait this long for the reporter to disable itself")
     parser.add_argument("--timeout", type=float, default=120.0, help="gloo timeout")
     parser.add_argument("--crash-at", type=int, default=-1, help="the culprit raises here")
+    parser.add_argument("--exit-at", type=int, default=-1,
+                        help="the culprit calls sys.exit(3) here")
+    parser.add_argument("--desync-at", type=int, default=-1,
+                        help="the culprit broadcasts where its peers all-reduce, here")
+    parser.add_argument("--culprit-unwatched", action="store_true",
+                        help="the culprit runs no reporter (as a rank of another node)")
     parser.add_argument("--stuck-at", type=int, default=-1,
                         help="the culprit's data loader never returns from this step on")
     parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
@@ -72,7 +82,8 @@ def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
 def main() -> None:
     args = parse()
     reporter = None
-    if args.reporter != "off":
+    culprit = args.rank == args.culprit
+    if args.reporter != "off" and not (culprit and args.culprit_unwatched):
         import llmmon_reporter as reporter  # type: ignore[no-redef]
         if args.reporter == "explicit":
             reporter.start()
@@ -83,15 +94,21 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
-    culprit = args.rank == args.culprit
     for step in range(args.steps):
         if step == args.steps // 2 and (args.behaviour == "exit" or
                                         (culprit and args.behaviour == "hang")):
             break  # hang: the culprit never issues this step's collectives; exit: all stop
         if culprit and step == args.crash_at:
             raise RuntimeError(f"rank {args.rank} crashed at step {step}")
+        if culprit and step == args.exit_at:
+            sys.exit(3)
         if culprit and step == args.stuck_at:
             load_next_batch(args.hold)
+        if step == args.desync_at:  # the same sequence number, another collective
+            if culprit:
+                dist.broadcast(torch.zeros(64), src=args.rank)
+            else:
+                dist.all_reduce(torch.zeros(64))
         if args.rank == 0 and step == args.ckpt_at:
             save_checkpoint(model, os.path.join(args.out, "ckpt.pt"), args.ckpt_seconds)
         data = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + args.rank))

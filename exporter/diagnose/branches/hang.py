@@ -4,8 +4,9 @@ Per process group, the ranks that enqueued the oldest collective the group has n
 wait in it; a rank whose last enqueued sequence number is below it never entered it (the
 Flight Recorder rule `llmmon diagnose --ranks` details).  A group is hung when that collective
 has been outstanding for longer than the alert's window, measured from the last progress the
-daemon saw or the collective's own enqueue time, whichever is longer.  Then the causes: a lost
-GPU or a critical XID, RDMA loss and retransmits, ports down or flapping.
+daemon saw or the collective's own enqueue time, whichever is longer.  Then the causes: ranks
+that issued different collectives at one sequence number (a desync), a lost GPU or a critical
+XID, RDMA loss and retransmits, ports down or flapping.
 """
 
 from __future__ import annotations
@@ -111,6 +112,37 @@ def progress(view: View, t: Thresholds) -> Outcome:
     return ok("every process group makes progress", *calm)
 
 
+def desync(view: View, t: Thresholds) -> Outcome:
+    """The ranks' vote on each group's in-flight collective (what LLMTrainingDesync takes)."""
+    issued = view.instant("llmmon_nccl_inflight_collective_info")
+    if not issued:
+        return unknown("no process group has waited 5 s in a collective (nothing to compare)")
+    found = []
+    for where, members in sorted(group(issued, *GROUP_KEY, "seq").items()):
+        votes: dict[str, list[Sample]] = {}
+        for member in members:
+            votes.setdefault(member.get("signature"), []).append(member)
+        if len(votes) < 2:
+            continue
+        ranked = sorted(votes.items(), key=lambda item: -len(item[1]))
+        if len(ranked[0][1]) == len(ranked[1][1]):
+            each = "; ".join(f"{d.rank(m)}: {m.get('signature')}" for m in members)
+            found.append(d.evidence(members[0], ("job_id", "pg"), f"job {where[1]} group "
+                                    f"{where[2]} collective #{where[3]}: the ranks disagree "
+                                    f"({each}) and none is in the minority", ranks=len(members)))
+            continue
+        major, voters = ranked[0]
+        found += [d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} issued "
+                             f"{m.get('signature')} as collective #{where[3]} of group "
+                             f"{where[2]}, where {len(voters)} ranks issued {major}: a desync",
+                             ranks=len(members))
+                  for minority in ranked[1:] for m in minority[1]]
+    if found:
+        return suspect("ranks of a process group issued different collectives at one sequence "
+                       "number (a desync): fix the code path of the odd rank", *found)
+    return ok("the ranks of every waiting group issued the same collective")
+
+
 def gpu_errors(view: View, t: Thresholds) -> Outcome:
     up = view.instant("llmmon_gpu_up")
     if not up:
@@ -205,6 +237,7 @@ BRANCH = BranchSpec(
     (CheckSpec("progress", "Collective progress", progress,
                ("LLMTrainingHang", "LLMTrainingHangNodes"),
                ("hang_window_seconds", "hang_busy_seconds")),
+     CheckSpec("desync", "Desync", desync, ("LLMTrainingDesync",), ()),
      CheckSpec("gpu_errors", "Lost GPUs and XIDs", gpu_errors,
                ("GPULost", "GPUXidError", "GPUEccUncorrectable"),
                ("xid_critical", "xid_window", "ecc_window")),

@@ -1,0 +1,52 @@
+"""A desync: ranks of a group that issued different collectives at one sequence number.
+
+Collectives are matched by sequence number, so every rank of a group must issue the same
+operation, element type and size at each one (SPMD); a rank that issued another (a broadcast
+where its peers all-reduce, a tensor of another size) hangs the group or crashes it.  All-to-all
+and the `_v` collectives carry per-rank sizes: only their operation and type must agree.  With
+a strict majority the minority is the odd one out; without one (two ranks on a node that
+disagree) this node cannot tell, and the rules decide across nodes from every rank's
+`llmmon_nccl_inflight_collective_info`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from llmmon.ranks import collectives
+from llmmon.ranks.ledger import Enqueued
+from llmmon.ranks.spans import spans_text
+
+
+def compared(entry: Enqueued) -> str:
+    """What must agree across the group's ranks."""
+    if collectives.family(entry.coll) == "all_to_all" or entry.coll.endswith("_v"):
+        return f"{entry.coll} {entry.dtype}".rstrip()
+    return entry.signature
+
+
+def find(seq: int, issued: dict[int, Enqueued]) -> dict[str, Any] | None:
+    """The desync at `seq` among the ranks that issued it (rank -> its entry), or None."""
+    seen = {rank: compared(entry) for rank, entry in issued.items()}
+    counts = Counter(seen.values()).most_common()
+    if len(counts) < 2:
+        return None
+    majority = counts[0][0] if counts[0][1] > counts[1][1] else None
+    odd = sorted(r for r, s in seen.items() if s != majority) if majority else []
+    return {"seq": seq, "issued": {str(r): issued[r].signature for r in sorted(issued)},
+            "odd": odd, "majority": majority}
+
+
+def text(found: dict[str, Any]) -> str:
+    """The clause the group's summary gains."""
+    issued = {int(r): s for r, s in found["issued"].items()}
+    if found["odd"]:
+        odd = found["odd"]
+        theirs = "; ".join(f"rank {r} issued {issued[r]}" for r in odd)
+        rest = sorted(set(issued) - set(odd))
+        return (f"; a desync at #{found['seq']}: {theirs} where rank(s) {spans_text(rest)} "
+                f"issued {found['majority']}")
+    each = "; ".join(f"rank {r}: {s}" for r, s in sorted(issued.items()))
+    return (f"; a desync at #{found['seq']}: the ranks here disagree ({each}) and none is the odd "
+            f"one out on this node: the other nodes' ranks decide (LLMTrainingDesync)")

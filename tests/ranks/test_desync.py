@@ -1,0 +1,34 @@
+"""A desync through real gloo ranks: at one sequence number of the default group rank 1
+broadcasts where ranks 0 and 2 all-reduce, and the group hangs.  The daemon names rank 1 with
+what each rank issued, and exports each rank's collective for the rules' cross-node vote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.ranks.jobs import Job, base_env, job_doc, scrape, series, wait_for, watched_collector
+
+LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
+
+
+def test_the_rank_that_issued_another_collective_is_named_with_what_each_issued(
+        tmp_path: Path) -> None:
+    with watched_collector(tmp_path) as (spool, collector):
+        env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="desync")
+        with Job(tmp_path, 3, [*LONG, "--culprit", "1", "--desync-at", "60"], env) as job:
+            def desynced() -> dict | None:
+                doc = job_doc(collector)
+                group = next((g for g in doc["groups"] if g["pg"] == "0"), None) if doc else None
+                return group if group and group["desync"] and group["issued"] else None
+            group = wait_for(desynced, 240, "the desync")
+            samples = scrape(collector)[0]
+    found = group["desync"]
+    assert found["odd"] == [1], group
+    assert found["issued"]["1"].startswith("broadcast 256 B"), found
+    assert found["issued"]["0"] == found["issued"]["2"] and \
+        found["issued"]["0"].startswith("all_reduce 256 B"), found
+    assert f"a desync at #{found['seq']}: rank 1 issued broadcast 256 B" in group["summary"]
+    assert "the rank behind is on another node" not in group["summary"]
+    issued = series(samples, "llmmon_nccl_inflight_collective_info", job_id="desync", pg="0")
+    assert {dict(k)["rank"]: (dict(k)["seq"], dict(k)["signature"]) for k in issued} == {
+        rank: (str(found["seq"]), signature) for rank, signature in found["issued"].items()}
