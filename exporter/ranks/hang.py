@@ -116,11 +116,15 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
     stopped = sorted(r for r, d in doing.items() if d.stopped)
     busy = sorted(r for r in behind if doing[r].busy) if op else []
+    # Every local member waits for a rank of another node: that node's daemon sees whether it
+    # is hung or busy (a checkpoint); this one calls the group stalled only at the ceiling.
+    remote = bool(op) and not behind and not stopped and not found and bool(
+        meta and meta.size and meta.size > len(progress))
     # A job whose waiting ranks all stopped reporting is gone, not hung; one whose rank
-    # ended is ended; a busy rank behind is given until the ceiling.
+    # ended is ended; a busy rank behind, or one on another node, is given until the ceiling.
     stalled = (bool(op) and job.end is None and stalled_for >= learned.threshold
                and bool(set(waiting) - set(stale) or stopped)
-               and (not busy or stalled_for >= limits.stall_after))
+               and (not (busy or remote) or stalled_for >= limits.stall_after))
     group = {
         "job_id": job_id, "pg": pg, "pg_desc": meta.desc if meta else "",
         "size": meta.size if meta else None,
@@ -134,6 +138,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "stale": stale,
         "stopped": stopped,
         "busy": busy,
+        "remote": remote,
         "op": op,
         "issued": {str(r): desync.compared(e) for r, e in sorted(issued.items())} if shown else {},
         "desync": found,
@@ -196,7 +201,10 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
         text += (f" (still within the stall window: {group['stall_threshold_seconds']:.0f} s, "
                  f"{group['pace']['basis']}"
                  + (f"; busy ranks get {group['stall_ceiling_seconds']:.0f} s"
-                    if group["busy"] else "") + ")")
+                    if group["busy"] else "")
+                 + (f"; a rank behind on another node gets {group['stall_ceiling_seconds']:.0f} s"
+                    " here: its own node's daemon judges it at the learned threshold"
+                    if group["remote"] else "") + ")")
     return text
 
 

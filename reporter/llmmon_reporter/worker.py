@@ -164,21 +164,20 @@ class Reporter:
         self._session.log.remove()
         try:
             self._exit = exitstatus.record()
-            self._inflight = self._last_inflight(self._session)
+            self._last_look(self._session)
             self._write_state(self._status, None)
         except Exception:
             pass  # the spool may be gone; the daemon still sees the pid vanish
 
-    @staticmethod
-    def _last_inflight(session: _Session) -> bytes | None:
-        """What was in flight as the process ends (a rank that dies with a collective its
-        peers disagree with leaves it here: the daemon's evidence of a desync)."""
+    def _last_look(self, session: _Session) -> None:
+        """Progress and what was in flight as the process ends, not as of the last tick: a
+        rank that dies in a collective its peers disagree with (gloo fails a size mismatch in
+        milliseconds) leaves it here, the daemon's evidence of a desync."""
         try:
             if session.torch.distributed.is_initialized():
-                return session.flight.active()
+                self._status, self._inflight = session.flight.status(), session.flight.active()
         except Exception:
-            pass
-        return None
+            pass  # the last tick's view stands
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Run a full tick (entries included) now; True once one finished in time."""

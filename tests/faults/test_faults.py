@@ -1,8 +1,9 @@
 """The fault benchmark's correctness subset: real torchrun/gloo jobs over two simulated nodes
 (bench/faults/), the daemons at their defaults, real Prometheus and Alertmanager.
 
-Three classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
-SIGSTOP (its reporter too), and a healthy job.  Each check is about *who* and *what*: the right
+Five classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
+SIGSTOP (its reporter too), rank 3 leaving with sys.exit(3), rank 3 killed by SIGKILL (torchrun
+tears the rest of each of those two jobs down), and a healthy job.  Each check is about *who* and *what*: the right
 rank, the right kind of evidence, no rank wrongly blamed, no page for a healthy job.  How fast
 each source said so is the benchmark's business (docs/faults.md), never asserted here; each
 class is watched until the API and `llmmon diagnose` have named it, or its window (a deadline,
@@ -21,7 +22,8 @@ import pytest
 from bench.faults.classes import classes
 from bench.faults.run import bench
 
-WANTED = {"loader": 240.0, "sigstop": 240.0, "healthy": 150.0}  # class -> window (s)
+WANTED = {"loader": 240.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
+          "healthy": 150.0}  # class -> window (s)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,21 @@ def test_a_frozen_rank_is_named_from_its_silence_while_its_peers_report(results:
     assert "rank 3 down" in api["said"] or "SIGSTOP" in api["said"], api
     assert diagnose["named_at"] is not None and "rank 3" in diagnose["said"], diagnose
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+
+
+def test_a_rank_that_exits_or_is_killed_is_named_by_its_node_and_blamed_by_no_other(
+        results: dict) -> None:
+    # node-b's daemon saw rank 3 go first (its exit record, or its pidfd with the SIGKILL
+    # status); node-a's saw only its ranks' "connection closed by peer" and blames neither.
+    for name, said in (("exit", "rank 3 exited first (code 3)"),
+                       ("sigkill", "rank 3 exited first (killed by signal 9)")):
+        r = results[name]
+        assert not r["error"], r
+        api, diagnose = r["sources"]["api"], r["sources"]["diagnose"]
+        assert api["named_at"] is not None and api["cause_at"] is not None, api
+        assert said in api["said"] and "lost a peer" in api["said"], api["said"]
+        assert diagnose["named_at"] is not None and said in diagnose["said"], diagnose
+        assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
 
 
 def test_a_healthy_job_blames_nobody_and_pages_nobody(results: dict) -> None:

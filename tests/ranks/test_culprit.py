@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from tests.conftest import ROOT
 from tests.ranks.jobs import Job, base_env, job_doc, reporting, scrape, series, wait_for, \
@@ -101,3 +102,28 @@ def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
                      group["summary"]), group["summary"]
     assert [dict(k)["state"] for k in series(samples, "llmmon_rank_doing_info", rank="1")] == \
         ["stopped"]
+
+
+def test_a_rank_behind_on_another_node_is_left_to_its_own_nodes_daemon(tmp_path: Path) -> None:
+    # Rank 1 runs no reporter (a rank of another node) and its data loader never returns: ranks
+    # 0 and 2 wait for it.  This node cannot see whether it is hung or writing a checkpoint, so
+    # it calls the group stalled only at the ceiling, not at the learned threshold.
+    args = [*LONG, "--culprit", "1", "--culprit-unwatched", "--stuck-at", "150"]
+    with watched_collector(tmp_path, stall_after="40s") as (spool, collector):
+        with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="remote")):
+            wait_for(reporting(collector, 2), 240, "two ranks making progress")
+
+            def waiting(beyond: str) -> Callable[[], dict | None]:
+                def probe() -> dict | None:
+                    group = group0(collector)
+                    return group if group and group["op"] and \
+                        group["stalled_seconds"] > group[beyond] + 2 else None
+                return probe
+            early = wait_for(waiting("stall_threshold_seconds"), 400, "a stall past the threshold")
+            late = wait_for(waiting("stall_ceiling_seconds"), 400, "a stall past the ceiling")
+    assert early["pace"]["basis"] == "learned" and early["stall_threshold_seconds"] < 40
+    assert early["remote"] and not early["stalled"], early
+    assert early["waiting"] == [0, 2] and early["behind"] == [], early
+    assert "the rank behind is on another node" in early["summary"]
+    assert "its own node's daemon judges it" in early["summary"], early["summary"]
+    assert late["stalled"], late
