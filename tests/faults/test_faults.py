@@ -59,17 +59,17 @@ def test_a_frozen_rank_is_named_from_its_silence_while_its_peers_report(results:
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
 
 
-def test_a_rank_that_exits_or_is_killed_is_named_by_its_node_and_blamed_by_no_other(
-        results: dict) -> None:
+def test_a_rank_that_exits_or_is_killed_is_named_with_its_code_or_signal(results: dict) -> None:
     # node-b's daemon saw rank 3 go first (its exit record, or its pidfd with the SIGKILL
-    # status); node-a's saw only its ranks' "connection closed by peer" and blames neither.
+    # status); what node-a's daemon says of its own ranks (a lost peer) blames neither of them
+    # (tests/ranks/test_job_end.py shows it; here it may come after both sources named rank 3).
     for name, said in (("exit", "rank 3 exited first (code 3)"),
                        ("sigkill", "rank 3 exited first (killed by signal 9)")):
         r = results[name]
         assert not r["error"], r
         api, diagnose = r["sources"]["api"], r["sources"]["diagnose"]
         assert api["named_at"] is not None and api["cause_at"] is not None, api
-        assert said in api["said"] and "lost a peer" in api["said"], api["said"]
+        assert said in api["said"], api["said"]
         assert diagnose["named_at"] is not None and said in diagnose["said"], diagnose
         assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
 
