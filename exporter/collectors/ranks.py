@@ -84,6 +84,12 @@ INFLIGHT = _pg("llmmon_nccl_oldest_inflight_age_seconds",
 LAG = _pg("llmmon_nccl_enqueue_lag_seconds",
           "Enqueue time of the newest sequence every local member enqueued, minus the node "
           "median for it: a rank late to its collectives stands out positive.")
+MARK = MetricSpec(
+    "llmmon_nccl_mark_enqueue_timestamp_seconds", "gauge",
+    "Unix time the rank enqueued its newest collective whose sequence number (the label) is a "
+    "multiple of 256, 4096 or 65536 (the largest step that comes every 2 minutes at the group's "
+    "pace): the rules compare a job's ranks across nodes at the same collective (a straggler "
+    "enqueues it late).", ("job_id", "rank", "pg", "seq"))
 DURATION = MetricSpec(
     "llmmon_nccl_collective_duration_seconds", "histogram",
     "Collective durations from the Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1 only), each "
@@ -183,7 +189,7 @@ class RanksCollector(Collector):
                    "timings and bytes, step metrics; hang evidence at /api/v1/ranks.")
     specs = (RANK_INFO, RANK_UP, REPORT_AGE, REPORTER_DISABLED, REPORTER_ERRORS, ALLOCATOR_INFO,
              *(spec for spec, _ in MEMORY), ENQUEUED, STARTED, COMPLETED, PROGRESS, INFLIGHT,
-             LAG, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
+             LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
              DOING_INFO, ISSUED, STALL_THRESHOLD, STALLED)
@@ -368,6 +374,10 @@ class RanksCollector(Collector):
                 members = [t for t in up if pg in t.state.progress]
                 for rank, lag in self.ledger.enqueue_lag(members, pg).items():
                     families.add(LAG, [job, str(rank), pg], lag)
+                for track in members:
+                    if (mark := track.mark(pg)) is not None:
+                        families.add(MARK, [job, str(track.state.identity.rank), pg,
+                                            str(mark[0])], mark[1] / 1e9)
             self._group_families(families, job, tracks)
         for job_id, count in sorted(self._dumps_requested.items()):
             families.add(DUMPS_REQUESTED, [job_id], count)

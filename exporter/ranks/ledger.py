@@ -29,6 +29,10 @@ from llmmon.ranks.schema import Activity, Collective, FrDump, Group, Progress, R
 DURATION_BUCKETS = (0.0001, 0.001, 0.01, 0.1, 1.0, 10.0, 60.0)
 MAX_SERIES_KEYS = 64  # (pg, coll, dtype) combinations kept per rank
 MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank, shared by its groups
+# Marks: the enqueue time of a rank's newest collective whose sequence number is a multiple of
+# one of these, exported so that the rules compare ranks across nodes at the same collective.
+MARK_STEPS = (256, 4096, 65536)
+MARK_EVERY = 120.0  # seconds: the largest step whose marks come at least this often is exported
 MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
 
 RankKey = tuple[str, int]  # job_id, rank
@@ -74,6 +78,8 @@ class RankTrack:
     collective_bytes: dict[tuple[str, str, str], float] = field(default_factory=dict)
     bus_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
     durations: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    marks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # (pg, step) ->
+    # (seq, created_ns) of the newest multiple of step seen
     overflow: int = 0  # samples not counted because the series budget was spent
     # (reporter write time, its activity counters): bytes moved over a stall's window
     activity: deque[tuple[float, Activity]] = field(
@@ -116,6 +122,7 @@ class RankTrack:
         self.enqueue_noted = {pg: noted for pg, noted in self.enqueue_noted.items()
                               if pg in progress}
         self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
+        self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
         for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
             if noted is None or noted[0] != group.completed:
@@ -132,11 +139,28 @@ class RankTrack:
             if not entry.is_p2p and entry.pg in progress:
                 self.index.setdefault(entry.pg, {})[entry.seq] = Enqueued(
                     entry.created_ns, entry.coll, entry.dtype, entry.nbytes)
+                for step in MARK_STEPS:
+                    if entry.seq % step == 0 and entry.seq > self.marks.get(
+                            (entry.pg, step), (-1, 0))[0]:
+                        self.marks[(entry.pg, step)] = (entry.seq, entry.created_ns)
         share = MAX_INDEXED_SEQS // max(1, len(self.index))
         for seqs in self.index.values():
             if len(seqs) > share:
                 for seq in sorted(seqs)[: len(seqs) - share]:
                     del seqs[seq]
+
+    def mark(self, pg: str) -> tuple[int, int] | None:
+        """(seq, created_ns) of the newest mark of the largest step whose marks come at least
+        every MARK_EVERY seconds at the group's pace here (ranks of a job keep one pace, so
+        every node picks the same step; the smallest while the pace is not known)."""
+        seqs = self.index.get(pg)
+        if not seqs or len(seqs) < 2:
+            return None
+        first, last = min(seqs), max(seqs)
+        span = (seqs[last].created_ns - seqs[first].created_ns) / 1e9
+        rate = (last - first) / span if span > 0 else 0.0
+        steps = [s for s in MARK_STEPS if s <= rate * MARK_EVERY] or [MARK_STEPS[0]]
+        return self.marks.get((pg, steps[-1]))
 
     def count(self, dump: FrDump) -> None:
         """Add every finished record not counted before to the byte and duration counters."""

@@ -281,7 +281,11 @@ class Reporter:
                    for pg, (_, completed) in progress.items())
         self._previous, self._status = progress, status
         self._activity = self._meter.read()
-        self._stack = activity.stack(self._meter.thread_id) if idle or force else None
+        # The daemon's dump request (a stalled group, or an SRE's) asks for the stack too, even of
+        # a rank that still completes collectives (a rank whose peers on other nodes wait).
+        requested = session.pipe is not None and session.pipe.requested()
+        self._stack = activity.stack(self._meter.thread_id) if idle or force or requested \
+            else None
         if not stuck:
             self._inflight = None
         elif force or now >= self._next_inflight:
@@ -296,7 +300,7 @@ class Reporter:
             self._next_entries = now + self.cadence.entries
         self._write_state(status, session.memory())
         self.ticks += 1
-        if session.pipe is not None and session.pipe.requested():
+        if requested:
             self._dump(session)
 
     # files ---------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def parse() -> argparse.Namespace:
                         help="the culprit calls sys.exit(3) here")
     parser.add_argument("--desync-at", type=int, default=-1,
                         help="the culprit broadcasts where its peers all-reduce, here")
+    parser.add_argument("--culprit-spool", default="",
+                        help="the culprit reports into this spool (as a rank of another node)")
     parser.add_argument("--culprit-unwatched", action="store_true",
                         help="the culprit runs no reporter (as a rank of another node)")
     parser.add_argument("--stuck-at", type=int, default=-1,
@@ -86,7 +88,7 @@ def main() -> None:
     if args.reporter != "off" and not (culprit and args.culprit_unwatched):
         import llmmon_reporter as reporter  # type: ignore[no-redef]
         if args.reporter == "explicit":
-            reporter.start()
+            reporter.start(args.culprit_spool if culprit and args.culprit_spool else None)
     init = f"tcp://127.0.0.1:{args.port}" if args.port else "env://"
     dist.init_process_group("gloo", init_method=init, rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=args.timeout))
