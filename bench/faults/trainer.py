@@ -1,8 +1,8 @@
 """The fault benchmark's training job: a small DDP model on gloo, one fault injected on request.
 
 Run by torchrun under `llmmon launch` (the reporter starts through the launcher's hook; this
-script only calls `reporter.step()`).  Every step: a data-loader call, "compute" (a sleep that
-makes the step `--step` seconds long), DDP's gradient all-reduce, the optimiser.  The harness
+script only calls `reporter.step()`).  Every step: a data-loader call, "compute" (a sleep of
+`--step` seconds), DDP's gradient all-reduce, the optimiser.  The harness
 asks for the fault by writing a step number into `<ctl>/go`; the culprit rank(s) write `<ctl>/onset.<rank>` (Unix
 time) the moment they inject it, so latencies count from the fault itself.  Faults (`--fault`):
 
@@ -13,7 +13,7 @@ time) the moment they inject it, so latencies count from the fault itself.  Faul
   sigstop     the culprit is frozen, reporter thread included (SIGSTOP)
   desync-size the culprit all-reduces a tensor of another size at the same sequence number
   desync-op   the culprit broadcasts where its peers all-reduce
-  straggler   the culprit's steps take `--slow` times longer from then on (no hang)
+  straggler   the culprit's compute takes `--slow` times longer from then on (no hang)
   checkpoint  rank 0 writes a checkpoint for `--pause` s while every other rank waits in a barrier
   slow-start  the first step is slow: rank 0 `--pause` s, the others a third of it (compilation)
   nan         the culprit reports a NaN loss every step from then on
@@ -113,7 +113,6 @@ def main() -> None:
     started = time.monotonic()
     step = 0
     while time.monotonic() - started < args.duration:
-        begin = time.monotonic()
         fault = args.fault if (injected or step >= fault_step(go)) else "none"
         if fault != "none" and not injected:
             injected = True
@@ -138,6 +137,10 @@ def main() -> None:
             time.sleep(args.pause if rank == 0 else args.pause / 3)  # "compiling"
         data = load_next_batch(step, rank, culprit and fault == "loader")
         update_metrics(culprit and fault == "lock")
+        # "Compute": a fixed time per step, not a pace to keep: a rank paced to its own clock
+        # keeps whatever phase offset it started with (its peers wait for it at every step,
+        # absorbed by their sleep), and a healthy job would read as having stragglers.
+        time.sleep(args.step * (args.slow if culprit and fault == "straggler" else 1.0))
         loss = model(data).pow(2).mean()
         optimiser.zero_grad()
         loss.backward()  # DDP's all-reduce of the gradients
@@ -145,8 +148,6 @@ def main() -> None:
         if reporter is not None:
             nan = culprit and fault == "nan"
             reporter.step(tokens=64, loss=float("nan") if nan else loss.detach())
-        factor = args.slow if culprit and fault == "straggler" else 1.0
-        time.sleep(max(0.0, args.step * factor - (time.monotonic() - begin)))
         step += 1
     dist.destroy_process_group()
 
