@@ -123,7 +123,9 @@ def test_a_rank_behind_on_another_node_is_left_to_its_own_nodes_daemon(tmp_path:
             late = wait_for(waiting("stall_ceiling_seconds"), 400, "a stall past the ceiling")
     assert early["pace"]["basis"] == "learned" and early["stall_threshold_seconds"] < 40
     assert early["remote"] and not early["stalled"], early
-    assert early["waiting"] == [0, 2] and early["behind"] == [], early
+    # both wait for rank 1 (one of them may still show the previous collective in flight: its
+    # last report came before that completed), and no rank of this node is behind
+    assert set(early["waiting"]) <= {0, 2} and early["waiting"] and early["behind"] == [], early
     assert "the rank behind is on another node" in early["summary"]
     assert "its own node's daemon judges it" in early["summary"], early["summary"]
     assert late["stalled"], late

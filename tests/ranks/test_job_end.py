@@ -187,18 +187,23 @@ def test_peers_of_a_rank_this_daemon_does_not_follow_blame_nobody_here(tmp_path:
     assert "WARN" not in doc["diagnose"] and "CRIT" not in doc["diagnose"], doc["diagnose"]
 
 
-def test_a_rank_killed_under_torchrun_is_named_though_torchrun_reaps_it_at_once(
-        tmp_path: Path) -> None:
-    # torchrun reaps a dead worker within its 0.1 s monitor interval and SIGTERMs the others:
-    # the SIGKILL status lives that long.  Polls here are a minute apart and the test looks
-    # only after torchrun reaped rank 1, so only the watcher's pidfd can have read it.
-    with _torchrun(tmp_path, "reaped", [], pid_poll="1m") as (collector, torchrun, job):
-        pid = next(r["pid"] for r in job["ranks"] if r["rank"] == 1)
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or None, 60, "torchrun to reap it")
-        doc = wait_for(ended(collector), 120, "the job's end")
-        torchrun.wait(60)
-    assert doc["end"]["first"] == [1], (doc["end"], (tmp_path / "torchrun.log").read_text()[-3000:])
+def test_a_killed_rank_is_seen_through_its_pidfd_before_anyone_reaps_it(tmp_path: Path) -> None:
+    # torchrun reaps a dead worker within its 0.1 s monitor interval: the SIGKILL status lives
+    # that long, and a poll every 0.1 s missed it about half the time.  Here the watcher's poll
+    # is a minute apart and nobody reaps the killed rank until the watcher has seen it gone, so
+    # only its pidfd, which wakes it the moment the process exits, can have read the status.
+    with watched_collector(tmp_path, pid_poll="1m") as (spool, collector):
+        with Job(tmp_path, 3, LONG, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="pidfd")) as job:
+            wait_for(reporting(collector, 3), 240, "three ranks making progress")
+            key = ("pidfd", 1, job.procs[1].pid)
+            wait_for(lambda: (p := collector.watch.get(key)) and p.visible, 30, "rank 1 seen")
+            job.procs[1].kill()
+            seen = wait_for(lambda: (p := collector.watch.get(key)) and p.gone_at and p, 30,
+                            "the watcher to see rank 1 gone (well before its 1-minute poll)")
+            job.procs[1].wait(30)
+            doc = wait_for(ended(collector), 120, "the job's end")
+    assert seen.exit_status == -9, seen
+    assert doc["end"]["first"] == [1], doc["end"]
     assert doc["end"]["summary"].startswith(
-        "job reaped: rank 1 exited first (killed by signal 9) and took the job down"), doc["end"]
+        "job pidfd: rank 1 exited first (killed by signal 9) and took the job down"), doc["end"]
     assert_not_hung(doc)
