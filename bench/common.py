@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -39,6 +40,33 @@ def rss_mib(pid: int) -> tuple[float, float]:
             key, _, value = line.partition(":")
             fields[key] = value.strip()
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def daemon_parts(pid: int) -> dict[str, int]:
+    """`llmmon serve`'s processes: the server (pid) and its live collector process."""
+    parts = {"server": pid}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as cmdline:
+                command = cmdline.read()
+        except (OSError, ValueError):
+            continue
+        if ppid == pid and "llmmon.collectprocess" in command:
+            parts["collector"] = int(entry)
+    return parts
+
+
+def pss_mib(pid: int) -> float:
+    """Proportional set size: pages shared between processes counted once in the sum."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 @dataclass

@@ -7,15 +7,14 @@ hardware or renders metric families.
 from __future__ import annotations
 
 import html
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from llmmon import __version__
-from llmmon.collector import Collector
 from llmmon.jsonresponse import SafeJSONResponse as JSONResponse
-from llmmon.sampler import Sampler
+from llmmon.routes import RouteError, Routes
 from llmmon.textsafe import printable
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -28,7 +27,15 @@ def wants_openmetrics(accept: str) -> bool:
                for part in accept.split(","))
 
 
-def create_app(sampler: Sampler, collectors: list[Collector],
+class Exposition(Protocol):
+    """What the app serves from: the sampler itself, or the relay of a collector process."""
+
+    def body(self, openmetrics: bool, compressed: bool) -> bytes: ...
+
+    def snapshot_json(self) -> list[dict[str, Any]]: ...
+
+
+def create_app(sampler: Exposition, routes: Routes,
                telemetry_path: str = "/metrics") -> FastAPI:
     app = FastAPI(title="llmmon", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json")
@@ -69,26 +76,21 @@ def create_app(sampler: Sampler, collectors: list[Collector],
             "<table><tr><th>collector</th><th>status</th><th>detail</th><th>series</th></tr>"
             f"{rows}</table></body></html>")
 
-    for collector in collectors:
-        for key, handler in collector.api().items():
-            _mount_json(app, f"/api/v1/{key}", handler)
-        for key, action in collector.actions().items():
-            _mount_action(app, f"/api/v1/{key}", action)
+    for key, handler in routes.get.items():
+        _mount(app, f"/api/v1/{key}", "GET", lambda _query, handler=handler: handler())
+    for key, action in routes.post.items():
+        _mount(app, f"/api/v1/{key}", "POST", action)
     return app
 
 
-def _mount_json(app: FastAPI, path: str, handler: Callable[[], Any]) -> None:
-    def endpoint() -> JSONResponse:  # sync: FastAPI runs it in a thread, off the event loop
-        return JSONResponse(handler())
-
-    app.add_api_route(path, endpoint, methods=["GET"])
-
-
-def _mount_action(app: FastAPI, path: str, action: Callable[[dict[str, str]], Any]) -> None:
-    def endpoint(request: Request) -> JSONResponse:
+def _mount(app: FastAPI, path: str, method: str,
+           handler: Callable[[dict[str, str]], Any]) -> None:
+    def endpoint(request: Request) -> JSONResponse:  # sync: run in a thread, off the loop
         try:
-            return JSONResponse(action(dict(request.query_params)))
+            return JSONResponse(handler(dict(request.query_params)))
+        except RouteError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
 
-    app.add_api_route(path, endpoint, methods=["POST"])
+    app.add_api_route(path, endpoint, methods=[method])

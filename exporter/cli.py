@@ -8,20 +8,23 @@ import logging
 import os
 import pkgutil
 import sys
+from typing import TYPE_CHECKING
 
 from llmmon import __version__, commands
 from llmmon.collectors import discover
-from llmmon.config import ConfigError, add_serve_arguments, build_settings
+from llmmon.config import ConfigError, Settings, add_serve_arguments, build_settings
+
+if TYPE_CHECKING:
+    from llmmon.relay import Relay
+    from llmmon.webconfig import WebConfig
 
 log = logging.getLogger("llmmon")
-SWITCH_INTERVAL = 0.0005
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from llmmon import httpserver, logs
-    from llmmon.daemon import build, split_listen_address
+    from llmmon.daemon import split_listen_address
+    from llmmon.relay import Relay
 
     classes = discover()
     try:
@@ -37,12 +40,30 @@ def _serve(args: argparse.Namespace) -> int:
             from llmmon.webconfig import WebConfig
 
             web = WebConfig.load(settings["web.config_file"])
-        daemon = build(settings)
+        fds = httpserver.raise_fd_limit()  # before the collector process inherits the limit
+        relay = Relay(settings)
+        relay.start()  # the collector process: builds the collectors, or says why it cannot
     except (ConfigError, ValueError) as exc:
         print(f"llmmon serve: {exc}", file=sys.stderr)
         return 2
-    app = web.protect(daemon.app) if web is not None else daemon.app
-    fd_before, fd_limit = httpserver.raise_fd_limit()
+    try:
+        return _listen(settings, host, port, web, relay, fds)
+    finally:
+        relay.stop()
+
+
+def _listen(settings: Settings, host: str, port: int, web: WebConfig | None, relay: Relay,
+            fds: tuple[int, int]) -> int:
+    """Serve the relay until SIGTERM or SIGINT; 1 when the address cannot be bound."""
+    import uvicorn
+
+    from llmmon import httpserver
+    from llmmon.app import create_app
+
+    app = create_app(relay, relay.routes, settings["web.telemetry_path"])
+    if web is not None:
+        app = web.protect(app)
+    fd_before, fd_limit = fds
     limits = httpserver.Limits(
         max_connections=httpserver.connection_cap(settings["web.max_connections"], fd_limit),
         read_timeout=settings["web.read_timeout"], idle_timeout=settings["web.idle_timeout"],
@@ -68,17 +89,8 @@ def _serve(args: argparse.Namespace) -> int:
              "%d (was %d)", host, sock.getsockname()[1],
              "https" if web is not None and web.serves_tls else "http",
              settings["web.telemetry_path"], limits.max_connections, fd_limit, fd_before)
-    # Scrapes wait for the GIL while collector threads parse; hand it over every 0.5 ms instead
-    # of Python's 5 ms so the event loop answers promptly (soak probe: p99 15.5 -> 9.5 ms).
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    daemon.sampler.start()
-    daemon.diagnoser.start()
-    server = httpserver.Server(config, httpserver.Listener(sock, limits))
-    try:
-        server.run()
-    finally:
-        daemon.diagnoser.stop()
-        daemon.sampler.stop()
+    server = httpserver.Server(config, httpserver.Listener(sock, limits), after=relay.stop)
+    server.run()
     return 0 if server.started else 1
 
 

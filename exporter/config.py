@@ -58,6 +58,11 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "disks and 8 ranks at the default flags). Above it "
            "llmmon_exporter_series_budget_exceeded is 1 and a warning names the largest "
            "collector; nothing is dropped. 0: no budget.", minimum=0, maximum=10_000_000),
+    Option("sampler.max_rss_mib", "int", 160,
+           "Resident memory (MiB) the collector process may use; past it the process is "
+           "killed and started again, the last snapshot served meanwhile. The HTTP server "
+           "is a process of its own, so this never stops /metrics answering.",
+           minimum=16, maximum=1_048_576),
 )
 COMMON_COLLECTOR_OPTIONS = ("enabled", "interval", "timeout")
 

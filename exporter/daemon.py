@@ -1,18 +1,20 @@
-"""Assembles a running exporter from settings: collectors, sampler and the HTTP app."""
+"""Assembles the collector side of an exporter from settings: collectors, sampler, diagnoser.
+
+The HTTP app is made apart (`llmmon.app.create_app`) so that the collector process of
+`llmmon serve` never imports the web stack.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from fastapi import FastAPI
-
 from llmmon import __version__
-from llmmon.app import create_app
 from llmmon.collector import Collector, Environment
 from llmmon.collectors import discover
 from llmmon.config import Settings
 from llmmon.diagnose import Diagnoser
+from llmmon.routes import Routes, collector_routes
 from llmmon.sampler import Sampler
 from llmmon.sources.fs import SKELETONS, RootedFS
 
@@ -23,11 +25,14 @@ log = logging.getLogger("llmmon.daemon")
 class Daemon:
     collectors: list[Collector]
     sampler: Sampler
-    app: FastAPI
     diagnoser: Diagnoser
 
+    def routes(self) -> Routes:
+        """Every /api/v1 endpoint: the collectors' and GET /api/v1/diagnose."""
+        return collector_routes(self.collectors, {"diagnose": self.diagnoser.result})
 
-def build(settings: Settings) -> Daemon:
+
+def build(settings: Settings, restarts: int | None = None) -> Daemon:
     """Instantiate the enabled collectors; a collector that cannot be built is a config error."""
     env = Environment(RootedFS(settings["path.sysfs"]), RootedFS(settings["path.procfs"]),
                       settings.values)
@@ -46,11 +51,8 @@ def build(settings: Settings) -> Daemon:
                     "fail: %s", problem, kind, ", ".join(SKELETONS[kind]),
                     ", ".join(users) or "none enabled")
     sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"],
-                      settings["sampler.series_budget"])
-    app = create_app(sampler, collectors, settings["web.telemetry_path"])
-    diagnoser = Diagnoser(sampler)
-    diagnoser.mount(app)  # GET /api/v1/diagnose
-    return Daemon(collectors, sampler, app, diagnoser)
+                      settings["sampler.series_budget"], restarts)
+    return Daemon(collectors, sampler, Diagnoser(sampler))
 
 
 def split_listen_address(address: str) -> tuple[str, int]:

@@ -273,11 +273,15 @@ class Listener:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server on an already bound socket, accepting through a Listener."""
+    """uvicorn's server on an already bound socket, accepting through a Listener; `after`
+    runs once its connections are closed (uvicorn then re-raises the signal that stopped it,
+    so code after run() would not)."""
 
-    def __init__(self, config: uvicorn.Config, listener: Listener) -> None:
+    def __init__(self, config: uvicorn.Config, listener: Listener,
+                 after: Callable[[], None] = lambda: None) -> None:
         super().__init__(config)
         self.listener = listener
+        self.after = after
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await self.lifespan.startup()
@@ -299,3 +303,4 @@ class Server(uvicorn.Server):
         if left:
             log.warning("closed %d connection(s) still open after the %gs grace", left,
                         self.config.timeout_graceful_shutdown)
+        self.after()

@@ -60,8 +60,12 @@ OVER_BUDGET = MetricSpec(
     "1 while llmmon_exporter_series exceeds a non-zero --sampler.series-budget: a collector "
     "(llmmon_exporter_collector_series says which) grew the node past what capacity planning "
     "assumed. Nothing is dropped; the flags in docs/capacity.md trim it.")
+RESTARTS = MetricSpec(
+    "llmmon_exporter_collector_process_restarts_total", "counter",
+    "Times `llmmon serve` started its collector process again since it started: the process "
+    "died, was killed, or grew past --sampler.max-rss-mib (the log says which).")
 SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES_TOTAL, BUDGET,
-         OVER_BUDGET)
+         OVER_BUDGET, RESTARTS)
 
 OM_EOF = b"# EOF\n"
 
@@ -83,6 +87,11 @@ def render(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     if openmetrics.endswith(OM_EOF):
         openmetrics = openmetrics[: -len(OM_EOF)]
     return render_text(snapshot), openmetrics
+
+
+def finish(data: bytes, compressed: bool) -> bytes:
+    """A body as sent: gzipped when the scraper accepts it."""
+    return gzip.compress(data, compresslevel=6, mtime=0) if compressed else data
 
 
 @dataclass
@@ -150,10 +159,12 @@ class Sampler:
     """Owns the collectors, their threads and the rendered exposition."""
 
     def __init__(self, collectors: list[Collector], version: str,
-                 max_staleness: float = 60.0, series_budget: int = 0) -> None:
+                 max_staleness: float = 60.0, series_budget: int = 0,
+                 restarts: int | None = None) -> None:
         self.collectors = collectors
         self.max_staleness = max_staleness
         self.series_budget = series_budget
+        self.restarts = restarts  # of the collector process this sampler runs in, if any
         self._over_budget = False
         self.states = {
             c.name: CollectorState(c.name, c.config["interval"], c.config["timeout"])
@@ -161,6 +172,7 @@ class Sampler:
         }
         self._version = version
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._generation = 0
         self._bodies: dict[tuple[str, bool], tuple[int, bytes]] = {}
@@ -311,7 +323,11 @@ class Sampler:
         if state.text and (state.last_success or 0) < time.time() - self.max_staleness:
             state.text = state.openmetrics = b""
             state.series = 0
-            self._generation += 1
+            self._bump_locked()
+
+    def _bump_locked(self) -> None:
+        self._generation += 1
+        self._changed.notify_all()
 
     # rendering -----------------------------------------------------------------------
     def _self_families(self) -> Families:
@@ -329,6 +345,8 @@ class Sampler:
                 families.add(WATCHED, labels, state.watched)
             families.add(SERIES, labels, state.series)
         families.add(BUDGET, [], self.series_budget)
+        if self.restarts is not None:
+            families.add(RESTARTS, [], self.restarts)
         # The total counts itself and the exceeded gauge, added below.
         total = (sum(s.series for s in self.states.values())
                  + sum(len(f.samples) for f in families) + 2)
@@ -350,7 +368,21 @@ class Sampler:
         text, openmetrics = render(families)
         with self._lock:
             self._self_text, self._self_openmetrics = text, openmetrics
-            self._generation += 1
+            self._bump_locked()
+
+    def wait_change(self, generation: int, timeout: float) -> int:
+        """The snapshot generation once it differs from `generation` (or after `timeout`)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._generation != generation, timeout)
+            return self._generation
+
+    def exposition(self) -> tuple[int, bytes, bytes]:
+        """Generation, text and OpenMetrics (without its # EOF) of the whole exposition."""
+        with self._lock:
+            return (self._generation,
+                    b"".join([s.text for s in self.states.values()] + [self._self_text]),
+                    b"".join([s.openmetrics for s in self.states.values()]
+                             + [self._self_openmetrics]))
 
     def body(self, openmetrics: bool, compressed: bool) -> bytes:
         """The full exposition, cached per snapshot generation (and gzipped on demand)."""
@@ -359,15 +391,8 @@ class Sampler:
             cached = self._bodies.get(key)
             if cached and cached[0] == self._generation:
                 return cached[1]
-            generation = self._generation
-            if openmetrics:
-                parts = [s.openmetrics for s in self.states.values()]
-                parts += [self._self_openmetrics, OM_EOF]
-            else:
-                parts = [s.text for s in self.states.values()] + [self._self_text]
-        data = b"".join(parts)
-        if compressed:
-            data = gzip.compress(data, compresslevel=6, mtime=0)
+        generation, text, om = self.exposition()
+        data = finish(om + OM_EOF if openmetrics else text, compressed)
         with self._lock:
             self._bodies[key] = (generation, data)
         return data

@@ -125,6 +125,15 @@ class Server:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def wait_log(self, text: str, timeout: float = 60.0) -> str:
+        """The log once it holds `text` (the server and its collector process both write)."""
+        deadline = time.monotonic() + timeout
+        while text not in (log := self.log()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not logged after {timeout}s:\n{log}")
+            time.sleep(0.05)
+        return log
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from llmmon.simulate.cluster import ClusterConfig
 from llmmon.simulate.control import Spec, SpecError, parse
+from llmmon.simulate.job import RING
 from llmmon.simulate.scenarios import SCENARIOS
 
 if TYPE_CHECKING:
@@ -37,6 +38,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scenario seconds per wall second (default 1)")
     parser.add_argument("--tick", type=float, default=1.0,
                         help="wall seconds between rewrites of the inputs (default 1)")
+    parser.add_argument("--ring", type=int, default=RING, metavar="N",
+                        help=f"Flight Recorder records each rank keeps (default {RING}; "
+                             "torch's TORCH_NCCL_TRACE_BUFFER_SIZE is often 2000)")
     parser.add_argument("--dir", type=Path,
                         help="where the node trees go (default: a temporary directory on "
                              "/dev/shm, removed at exit)")
@@ -78,7 +82,8 @@ def scenario_list() -> str:
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(nodes=args.nodes, gpus=args.gpus, nics=args.nics, disks=args.disks,
-                         job_nodes=args.job_nodes, speed=args.speed, tick=args.tick)
+                         job_nodes=args.job_nodes, speed=args.speed, tick=args.tick,
+                         ring=args.ring)
 
 
 def specs(args: argparse.Namespace) -> list[Spec]:

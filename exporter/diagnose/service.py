@@ -12,13 +12,10 @@ import threading
 import time
 from typing import Any
 
-from fastapi import FastAPI
-
 from llmmon.diagnose.branches import TREE
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import evaluate
 from llmmon.diagnose.window import LocalView, Window
-from llmmon.jsonresponse import SafeJSONResponse as JSONResponse
 from llmmon.sampler import Sampler
 
 log = logging.getLogger("llmmon.diagnose")
@@ -71,10 +68,3 @@ class Diagnoser:
             observations = self.window.observations()
         view = LocalView(observations, "daemon", PATH, self.thresholds)
         return evaluate(view, self.thresholds, TREE).as_json()
-
-    def mount(self, app: FastAPI) -> None:
-        """Serve `result()` at /api/v1/diagnose (sync: FastAPI runs it off the event loop)."""
-        def endpoint() -> JSONResponse:
-            return JSONResponse(self.result())
-
-        app.add_api_route(PATH, endpoint, methods=["GET"], summary="Walk the triage tree")

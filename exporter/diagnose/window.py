@@ -9,6 +9,7 @@ new value as the increase since the reset.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -31,14 +32,20 @@ WANTED = ("llmmon_gpu_", "llmmon_gpudirect_", "llmmon_rank_", "llmmon_torch_", "
           "llmmon_pressure_")
 
 
-def parse(text: str) -> Snapshot:
-    """The wanted samples of a text exposition; comments and other families are skipped."""
+def parse(text: str, keys: dict[LabelKey, LabelKey] | None = None) -> Snapshot:
+    """The wanted samples of a text exposition; comments and other families are skipped.
+
+    `keys` holds the label sets of an earlier snapshot: an equal set reuses that object, so
+    a window of snapshots stores each series' labels once, not once per snapshot (12
+    snapshots of the fat simulated node: 1.7 MiB instead of 6.3)."""
     lines = [line for line in text.splitlines() if line.startswith(WANTED)]
     snapshot: Snapshot = {}
+    keys = {} if keys is None else keys
     for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
             labels = tuple(sorted(sample.labels.items()))
-            snapshot.setdefault(sample.name, {})[labels] = sample.value
+            labels = keys.setdefault(labels, labels)
+            snapshot.setdefault(sys.intern(sample.name), {})[labels] = sample.value
     return snapshot
 
 
@@ -57,7 +64,10 @@ class Window:
         self._lock = threading.Lock()
 
     def add(self, text: str, at: float | None = None) -> None:
-        observation = Observation(time.time() if at is None else at, parse(text))
+        with self._lock:
+            newest = self._ring[-1].snapshot if self._ring else {}
+        keys = {labels: labels for series in newest.values() for labels in series}
+        observation = Observation(time.time() if at is None else at, parse(text, keys))
         with self._lock:
             self._ring.append(observation)
             while len(self._ring) > 2 and observation.time - self._ring[0].time > self.span:

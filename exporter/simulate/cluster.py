@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llmmon.simulate import layout
 from llmmon.simulate.control import Spec
-from llmmon.simulate.job import Job, JobEffects, Rank
+from llmmon.simulate.job import RING, Job, JobEffects, Rank
 from llmmon.simulate.node import NodeSim
 from llmmon.simulate.scenarios import SCENARIOS, Scenario, Tick
 
@@ -31,11 +31,14 @@ class ClusterConfig:
     speed: float = 1.0  # scenario seconds per wall second
     tick: float = 1.0  # wall seconds between rewrites
     entries_interval: float = 5.0  # Flight Recorder entries files, wall seconds
+    ring: int = RING  # Flight Recorder records each rank keeps
     name: str = "sim"
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.speed <= 0 or self.tick <= 0 or self.entries_interval <= 0:
-            raise ValueError("nodes must be >= 1 and speed, tick, entries interval positive")
+        if (self.nodes < 1 or self.speed <= 0 or self.tick <= 0 or self.entries_interval <= 0
+                or self.ring < 1):
+            raise ValueError("nodes and ring must be >= 1 and speed, tick, entries interval "
+                             "positive")
         if self.job_nodes < 0 or (self.job_nodes and self.nodes % self.job_nodes):
             raise ValueError(f"job_nodes {self.job_nodes} must divide nodes {self.nodes}")
 
@@ -66,7 +69,8 @@ class Cluster:
         for number, first in enumerate(range(0, config.nodes, per_job)):
             members = self.nodes[first:first + per_job]
             ranks = [Rank(position * config.gpus + gpu.index, gpu.index, node.layout.index,
-                          gpu.uuid, FIRST_PID + 100 * node.layout.index + gpu.index)
+                          gpu.uuid, FIRST_PID + 100 * node.layout.index + gpu.index,
+                          ring_size=config.ring)
                      for position, node in enumerate(members) for gpu in node.layout.gpus]
             job = Job(f"pretrain-{number}", ranks, now, seed=number)
             self.jobs.append(job)

@@ -64,7 +64,8 @@ class Rank:
     started: int = 0
     completed: int = 0
     next_record: int = 0
-    ring: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RING))
+    ring_size: int = RING
+    ring: deque[dict[str, Any]] = field(init=False)
     pending: dict[str, Any] | None = None  # the collective it waits in while the job hangs
     steps: int = 0
     tokens: float = 0.0
@@ -76,9 +77,13 @@ class Rank:
     ooms: int = 0
     memory: tuple[float, float, float] = (RESERVED, 0.8 * RESERVED, INACTIVE_SPLIT)
 
+    def __post_init__(self) -> None:
+        self.ring = deque(maxlen=self.ring_size)
+
     def restart(self, pid: int) -> None:
         """A new process for this rank: its reporter and allocator start from scratch."""
-        fresh = Rank(self.rank, self.local_rank, self.node, self.uuid, pid)
+        fresh = Rank(self.rank, self.local_rank, self.node, self.uuid, pid,
+                     ring_size=self.ring_size)
         self.__dict__.update(fresh.__dict__)
 
 

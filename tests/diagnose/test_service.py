@@ -7,6 +7,7 @@ import time
 
 from fastapi.testclient import TestClient
 
+from llmmon.app import create_app
 from llmmon.diagnose.model import SCHEMA, Report
 from llmmon.diagnose.schema import ADAPTER
 from llmmon.diagnose.thresholds import Thresholds
@@ -28,7 +29,7 @@ def test_endpoint_serves_the_report(node) -> None:
     started.observe()
     time.sleep(1.0)
     started.observe()
-    served = TestClient(started.daemon.app).get("/api/v1/diagnose")
+    served = TestClient(create_app(started.daemon.sampler, started.daemon.routes())).get("/api/v1/diagnose")
     assert served.status_code == 200 and served.headers["content-type"] == "application/json"
     document = served.json()
     _valid(document)
@@ -102,3 +103,16 @@ def test_window_forgets_old_observations_and_unread_families() -> None:
     assert [o.time for o in kept] == [10.0, 20.0, 30.0, 40.0]
     assert "other_exporter_metric" not in kept[-1].snapshot
     assert "llmmon_rdma_port_info" in kept[-1].snapshot
+
+
+def test_window_stores_each_label_set_once() -> None:
+    """Snapshots share the label tuples of series they have in common (the window's memory is
+    its values, not 12 copies of every label set); a new series gets its own."""
+    window = Window(span=60)
+    window.add(_rdma(1000), at=0.0)
+    window.add(_rdma(1100) + 'llmmon_rdma_port_up{device="mlx5_9",port="1"} 1\n', at=10.0)
+    old, new = (o.snapshot["llmmon_rdma_out_of_sequence_total"] for o in window.observations())
+    assert old.keys() == new.keys()
+    assert all(any(key is other for other in old) for key in new)
+    up = window.observations()[1].snapshot["llmmon_rdma_port_up"]
+    assert (("device", "mlx5_9"), ("port", "1")) in up

@@ -8,6 +8,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from llmmon.app import create_app
+from llmmon.routes import collector_routes
 from llmmon.commands.launch import environment
 from llmmon.ranks.dumps import MARKER, request
 from llmmon_reporter.dumppipe import DumpPipe
@@ -104,7 +105,7 @@ def test_a_dump_is_requested_over_http_for_a_known_job_only(tmp_path: Path) -> N
     collector = make_collector(spool, tmp_path, auto_dump=False)
     scrape(collector, now)
     sampler = Sampler([collector], "test")
-    client = TestClient(create_app(sampler, [collector]))
+    client = TestClient(create_app(sampler, collector_routes([collector])))
     pipes = [DumpPipe(pipe_path(str(tmp_path / "pipe"), "llama-8b", rank)) for rank in (0, 2)]
     try:
         answer = client.post("/api/v1/ranks/dump", params={"job_id": "llama-8b"})

@@ -189,3 +189,20 @@ def test_docs_describe_every_scenario_and_parameter() -> None:
             assert f"`{parameter}`" in row, f"{name}: parameter {parameter} undocumented"
         for alert in cls.alerts:
             assert alert in row, f"{name}: alert {alert} undocumented"
+
+
+def test_the_ring_size_is_a_knob_and_survives_a_restart(work: Path) -> None:
+    """`--ring N`: each rank's Flight Recorder dump holds the last N records once full (the
+    soak's 2,000-record rings), and a restarted process keeps the size."""
+    from llmmon.simulate.spool_files import ring
+
+    cluster = ticked(work, seconds=20, ring=7, speed=20)
+    job = cluster.jobs[0]
+    rank = job.ranks[0]
+    entries = ring(job, rank)["entries"]
+    assert len(entries) == 7, len(entries)
+    assert [e["record_id"] for e in entries] == sorted(e["record_id"] for e in entries)
+    rank.restart(rank.pid + 1)
+    assert rank.ring.maxlen == 7 and not rank.ring
+    with pytest.raises(ValueError, match="ring"):
+        ClusterConfig(ring=0)
