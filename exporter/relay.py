@@ -98,7 +98,7 @@ class Relay:
         env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENAS)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llmmon.collectprocess", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+            pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self._conn = conn = Connection(ours.detach())
         conn.send((self.settings, self.restarts))
