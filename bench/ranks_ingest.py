@@ -81,7 +81,7 @@ class Node:
             self._state(rank, pid, first + count, now)
             records = ring(self.template, self.ranks, first, count, now)
             if self.fmt == "log":
-                self.logs[rank].write(records, now)
+                self.logs[rank].write(entrylog.of(records), now)
                 continue
             header = {"schema": layout.SCHEMA, "kind": "entries", "written_ns": now,
                       "identity": {"job_id": "bench-job", "rank": rank, "pid": pid}}

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from llmmon_reporter import layout, spoolfile
-from llmmon_reporter.entrylog import EntryLog
+from llmmon_reporter.entrylog import EntryLog, of
 from llmmon_reporter.flight import GENERIC_API, ranges
 from llmmon_reporter.stepstats import STEP_BUCKETS
 from llmmon.simulate.job import Job, Rank
@@ -125,7 +125,7 @@ class SpoolWriter:
                     log = self._logs[key] = EntryLog(
                         directory, layout.log_name(rank.rank, rank.pid),
                         {"job_id": job.job_id, "rank": rank.rank, "pid": rank.pid})
-                log.write(ring(job, rank), time.time_ns())
+                log.write(of(ring(job, rank)), time.time_ns())
                 self._next_entries[key] = now + self.entries_interval
             spoolfile.write_atomic(directory, layout.state_name(rank.rank, rank.pid),
                                    state_document(job, rank, self.node, started, ticks))

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from llmmon_reporter import layout, spoolfile
+from llmmon_reporter import layout, pace, spoolfile
 
 KIND = "entries-log"
 MAX_BYTES = 2 << 20  # rewritten whole past this: ~3 rings of 2,000 projected records
@@ -47,12 +47,34 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-def _line(doc: Mapping[str, Any], entries: list[dict[str, Any]]) -> bytes:
-    """`doc` with `entries` as its last key, one line.  Each record is encoded by its own call,
-    so the GIL can pass to the training thread between records: one call for 2,000 records
-    would hold it for milliseconds."""
-    records = b",".join([_json(project(entry)) for entry in entries])
-    return _json(doc)[:-1] + b',"entries":[' + records + b"]}\n"
+Read = Callable[[pace.Keep], Mapping[str, Any]]  # a ring read keeping what `keep` makes of each
+
+
+def of(ring: Mapping[str, Any]) -> Read:
+    """An already decoded ring as a read (the simulator's and the benches')."""
+    return lambda keep: {**ring, "entries": pace.sift(ring.get("entries") or (), keep, None)}
+
+
+class _Selection:
+    """What one write keeps of a ring: the records after `after`, encoded at once (bytes are
+    not tracked by the garbage collector, the decoded records are freed as they go); which
+    record ids the ring held; which kept records are not final."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.first, self.last = after, -1, -1
+        self.pending: list[int] = []
+
+    def __call__(self, entry: Any) -> bytes | None:
+        record = entry.get("record_id") if isinstance(entry, dict) else None
+        if not isinstance(record, int):
+            return None
+        self.first = record if self.last < 0 else min(self.first, record)
+        self.last = max(self.last, record)
+        if record <= self.after:
+            return None
+        if not final(entry):
+            self.pending.append(record)
+        return _json(project(entry))
 
 
 class EntryLog:
@@ -65,16 +87,17 @@ class EntryLog:
         self._size = 0
         self._shipped = -1  # every record up to this id was shipped in its final form
 
-    def write(self, ring: Mapping[str, Any], now_ns: int) -> int:
-        """Append the records not yet shipped final (or start the file over); bytes written."""
-        entries = [e for e in ring.get("entries") or () if isinstance(e, dict)
-                   and isinstance(e.get("record_id"), int)]
-        ids = [e["record_id"] for e in entries]
+    def write(self, read: Read, now_ns: int) -> int:
+        """Append the records not yet shipped final (or start the file over); bytes written.
+        `read` is called once, with the filter that encodes the records to ship."""
         fresh = self._fd is None or self._size > MAX_BYTES or not self._in_place()
-        news = entries if fresh else [e for e in entries if e["record_id"] > self._shipped]
-        segment = _line({"written_ns": now_ns, "first_record": min(ids, default=-1),
-                         "last_record": max(ids, default=-1),
-                         "pg_status": ring.get("pg_status") or {}}, news)
+        chosen = _Selection(-1 if fresh else self._shipped)
+        ring = read(chosen)
+        records = ring.get("entries")
+        head = _json({"written_ns": now_ns, "first_record": chosen.first,
+                      "last_record": chosen.last, "pg_status": ring.get("pg_status") or {}})
+        segment = head[:-1] + b',"entries":[' + \
+            b",".join(records if isinstance(records, list) else ()) + b"]}\n"
         if fresh:
             header = _json({"schema": layout.SCHEMA, "kind": KIND, "written_ns": now_ns,
                             "identity": self.identity}) + b"\n"
@@ -88,11 +111,9 @@ class EntryLog:
                 self.close()  # a partial line may be there: start the file over next tick
                 raise
             self._size += len(segment)
-        if ids:
-            pending = [e["record_id"] for e in news if not final(e)]
-            newest = max(ids)
-            self._shipped = max(min(pending, default=newest + 1) - 1, newest - HOLD_BACK,
-                                self._shipped)
+        if chosen.last >= 0:
+            self._shipped = max(min(chosen.pending, default=chosen.last + 1) - 1,
+                                chosen.last - HOLD_BACK, self._shipped)
         return len(segment) if not fresh else self._size
 
     def _in_place(self) -> bool:

@@ -19,8 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, layout, spoolfile
+from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, layout, native, \
+    spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
+from llmmon_reporter.pace import Pace
 from llmmon_reporter.stepstats import StepStats
 
 log = logging.getLogger("llmmon.reporter")
@@ -62,7 +64,7 @@ def _progress(status: bytes) -> dict[str, tuple[int, int]]:
 class _Session:
     """What the reporter learns once the job's default process group exists."""
 
-    def __init__(self, torch: Any, env: Mapping[str, str], spool: str) -> None:
+    def __init__(self, torch: Any, env: Mapping[str, str], spool: str, pace: Pace) -> None:
         dist = torch.distributed
         self.torch = torch
         self.c10d = dist.distributed_c10d
@@ -70,7 +72,8 @@ class _Session:
         api = flight.choose_api(torch._C._distributed_c10d, self.nccl)
         if api is None:
             raise RuntimeError("this torch has no Flight Recorder JSON dump (torch < 2.5)")
-        self.flight = flight.FlightRecorder(torch._C._distributed_c10d, api)
+        self.flight = flight.FlightRecorder(torch._C._distributed_c10d, api,
+                                            native.load(torch.__file__, api, env), pace)
         rank = dist.get_rank()
         self.identity = identity.identity(env, rank, dist.get_world_size())
         self.identity["start_ticks"] = activity.start_ticks()
@@ -131,6 +134,7 @@ class Reporter:
         self._inflight: bytes | None = None
         self._status: bytes | None = None  # the last status dump, for the exit record
         self._meter = activity.Meter()
+        self._pace = Pace()
         self._activity: dict[str, Any] | None = None
         self._stack: list[dict[str, Any]] | None = None
         self._exit: dict[str, Any] | None = None
@@ -195,6 +199,7 @@ class Reporter:
             "running": self._thread.is_alive() and not self.disabled_reason,
             "connected": self._session is not None,
             "fr_api": self._session.flight.api if self._session else None,
+            "fr_native": self._session.flight.native if self._session else None,
             "ticks": self.ticks,
             "errors_total": self.errors_total,
             "last_error": self.last_error,
@@ -250,7 +255,7 @@ class Reporter:
         if _importing(torch) or _importing(dist) or not dist.is_available() \
                 or not dist.is_initialized():
             return None
-        session = _Session(sys.modules["torch"], self.env, self.spool)
+        session = _Session(sys.modules["torch"], self.env, self.spool, self._pace)
         self._session = session
         try:
             session.open_pipe()
@@ -264,6 +269,7 @@ class Reporter:
 
         Benchmarks call it on their own thread, with the thread not started.
         """
+        self._pace.start()
         session = self._session or self._connect()
         if session is None:
             return  # the job has not initialised torch.distributed yet
@@ -321,6 +327,7 @@ class Reporter:
                 "disabled": bool(self.disabled_reason),
                 "disabled_reason": self.disabled_reason,
                 "fr_api": session.flight.api,
+                "fr_native": session.flight.native,
                 "cadence": {"status": self.cadence.status, "inflight": self.cadence.inflight,
                             "entries": self.cadence.entries},
             },
@@ -336,7 +343,7 @@ class Reporter:
         self._meter.own_written += len(data)
 
     def _write_entries(self, session: _Session) -> None:
-        self._meter.own_written += session.log.write(session.flight.ring(), time.time_ns())
+        self._meter.own_written += session.log.write(session.flight.ring, time.time_ns())
 
     def _dump(self, session: _Session) -> None:
         assert session.dump_path is not None

@@ -126,12 +126,12 @@ def _bytes(collector: RanksCollector) -> float:
 def test_a_record_in_flight_is_shipped_again_until_it_is_final_and_counted_once(
         tmp_path: Path) -> None:
     collector, log, path = _rank(tmp_path)
-    log.write(_ring(0, 10, unfinished=2), 1)
+    log.write(entrylog.of(_ring(0, 10, unfinished=2)), 1)
     assert _bytes(collector) == 8 * BYTES
-    log.write(_ring(0, 12, unfinished=0), 2)  # the two finished, two new
+    log.write(entrylog.of(_ring(0, 12, unfinished=0)), 2)  # the two finished, two new
     assert [len(s["entries"]) for s in _segments(path)] == [10, 4]
     assert _bytes(collector) == 12 * BYTES
-    log.write(_ring(0, 12), 3)
+    log.write(entrylog.of(_ring(0, 12)), 3)
     assert [len(s["entries"]) for s in _segments(path)] == [10, 4, 0]
     assert _bytes(collector) == 12 * BYTES
     log.close()
@@ -141,16 +141,16 @@ def test_a_log_past_its_size_or_wiped_starts_over_and_nothing_is_counted_twice(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     collector, log, path = _rank(tmp_path)
     monkeypatch.setattr(entrylog, "MAX_BYTES", 20_000)
-    log.write(_ring(0, 40), 1)
+    log.write(entrylog.of(_ring(0, 40)), 1)
     inode = path.stat().st_ino
     assert _bytes(collector) == 40 * BYTES
-    log.write(_ring(0, 80), 2)  # appended: past 20 kB now
+    log.write(entrylog.of(_ring(0, 80)), 2)  # appended: past 20 kB now
     assert path.stat().st_ino == inode and _bytes(collector) == 80 * BYTES
-    log.write(_ring(0, 90), 3)  # started over with the whole ring
+    log.write(entrylog.of(_ring(0, 90)), 3)  # started over with the whole ring
     assert path.stat().st_ino != inode and len(_segments(path)) == 1
     assert _bytes(collector) == 90 * BYTES
     path.unlink()  # the spool wiped under the rank: the next write makes a new file
-    log.write(_ring(0, 95), 4)
+    log.write(entrylog.of(_ring(0, 95)), 4)
     assert [len(s["entries"]) for s in _segments(path)] == [95]
     assert _bytes(collector) == 95 * BYTES
     log.close()

@@ -44,9 +44,13 @@ def test_sequences_advance_on_every_rank_and_the_metrics_are_consistent(
         def settled() -> dict | None:
             samples = scrape(collector)[0]
             seen["completed"] = done = by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0")
-            seen["bytes"] = len(series(samples, "llmmon_nccl_collective_bytes_total", pg="0"))
-            ok = done == {0: final, 1: final, 2: final}
-            return samples if ok and seen["bytes"] == 3 else None
+            # the bytes follow the completions by up to an entries tick (records ship when final)
+            seen["series"] = len(series(samples, "llmmon_nccl_collective_bytes_total", pg="0"))
+            seen["bytes"] = by_rank(samples, "llmmon_nccl_collective_bytes_total", pg="0",
+                                    coll="all_reduce", dtype="BFloat16")
+            ok = done == {0: final, 1: final, 2: final} and seen["series"] == 3
+            return samples if ok and seen["bytes"] == {r: STEPS * GRAD_ELEMENTS * 2
+                                                       for r in range(3)} else None
 
         try:
             samples = wait_for(settled, 120, "every rank to report the last collective")
