@@ -76,17 +76,18 @@ def prometheus_config(targets_file: Path, rules: Path, alertmanager: str | None,
     return config
 
 
-def _retime(route: dict[str, Any], group_wait: str, group_interval: str) -> None:
+def _retime(route: dict[str, Any], group_wait: str | None, group_interval: str | None) -> None:
     for key, value in (("group_wait", group_wait), ("group_interval", group_interval)):
-        if key in route:
+        if key in route and value is not None:
             route[key] = value
     for child in route.get("routes", []):
         _retime(child, group_wait, group_interval)
 
 
-def alertmanager_config(webhook: str, group_wait: str = "30s",
-                        group_interval: str = "5m") -> dict[str, Any]:
-    """The shipped routing, each receiver delivering to `<webhook>/<receiver name>`."""
+def alertmanager_config(webhook: str, group_wait: str | None = None,
+                        group_interval: str | None = None) -> dict[str, Any]:
+    """The shipped routing, each receiver delivering to `<webhook>/<receiver name>`; a
+    `group_wait` or `group_interval` given replaces the shipped one on every route."""
     path = ALERTS / "alertmanager.yaml"
     if not path.is_file():
         raise StackError(f"{path} not found: run from an llmmon checkout")

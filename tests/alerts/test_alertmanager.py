@@ -286,3 +286,33 @@ def test_a_hung_job_pages_once_with_its_network_cause_and_the_network_alert_does
     finally:
         manager.stop()
         receiver.close()
+
+
+@pytest.mark.slow  # a real Alertmanager at the shipped timings: ~30 s
+def test_a_job_page_leaves_before_a_node_alert_raised_with_it(tmp_path: Path) -> None:
+    """Job alerts wait 10 s to be grouped, node alerts the default 30 s: raised together, the
+    hang page goes out about 20 s before the node's (20 s of the 90 s page target)."""
+    arrivals: dict[str, float] = {}
+    receiver = stack.WebhookReceiver(on_notify=lambda note: arrivals.setdefault(
+        "job" if "job_id" in note.payload["groupLabels"] else "node", time.monotonic()))
+    manager = stack.start_alertmanager(
+        stack.find_binary("alertmanager", "prometheus-alertmanager"), tmp_path,
+        stack.alertmanager_config(receiver.url))
+    try:
+        alerts = [{"alertname": "LLMTrainingHang", "severity": "critical", "cluster": "c1",
+                   "job_id": "llama", "reason": "rank_not_enqueued", "rank": "3",
+                   "node": "node-b", "pg": "0"},
+                  {"alertname": "RDMALinkDown", "severity": "critical", "cluster": "c1",
+                   "node": "node-e", "device": "mlx5_0", "port": "1"}]
+        response = requests.post(f"{manager.url}/api/v2/alerts", timeout=5, json=[
+            {"labels": labels, "annotations": {"description": "d"}, **_window()}
+            for labels in alerts])
+        assert response.status_code == 200, response.text
+        deadline = time.monotonic() + 300
+        while len(arrivals) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert arrivals.keys() == {"job", "node"}, arrivals
+        assert arrivals["node"] - arrivals["job"] > 10, arrivals
+    finally:
+        manager.stop()
+        receiver.close()
