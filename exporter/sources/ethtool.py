@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pyroute2.ethtool.ioctl import ETH_SS_STATS, IoctlEthtool, NoSuchDevice, NotSupportedError
-
+from llmmon.sources import pyroute
 from llmmon.sources.fs import RootedFS, SourceError
 
 HEADER = "NIC statistics:"
@@ -90,17 +89,18 @@ class Ioctl:
         return [n for n in names if os.path.exists(self.sysfs.path("class/net", n, "device"))]
 
     def read(self, interface: str) -> Statistics:
+        ioctl = pyroute.module("pyroute2.ethtool.ioctl")
         try:
-            ethtool = IoctlEthtool(interface)
+            ethtool = ioctl.IoctlEthtool(interface)
         except (OSError, ValueError) as exc:
             raise SourceError(f"{interface}: cannot open an ethtool socket: {exc}") from None
         try:
             values = ethtool.get_statistics()
-            if ethtool.get_stringset_length(ETH_SS_STATS) != len(values):
+            if ethtool.get_stringset_length(ioctl.ETH_SS_STATS) != len(values):
                 raise SourceError(f"{interface}: stat count changed during the read; skipped")
-        except NotSupportedError:
+        except ioctl.NotSupportedError:
             raise NoStatistics(f"{interface}: driver has no statistics") from None
-        except NoSuchDevice:
+        except ioctl.NoSuchDevice:
             raise SourceError(f"{interface}: no such device (vanished)") from None
         except OSError as exc:
             if exc.errno == errno.EOPNOTSUPP:

@@ -12,9 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
+from llmmon.sources import pyroute
 from llmmon.sources.fs import RootedFS, SourceError
 
 MAX_DUMP_BYTES = 16 << 20
@@ -36,10 +34,11 @@ class Rtnetlink:
     """One RTM_GETLINK dump per call, on a fresh socket (no state survives a failed run)."""
 
     def links(self) -> list[Link]:
+        netlink_error = pyroute.module("pyroute2.netlink.exceptions").NetlinkError
         try:
-            with IPRoute() as ipr:
+            with pyroute.module("pyroute2").IPRoute() as ipr:
                 messages = list(ipr.get_links())
-        except (OSError, NetlinkError) as exc:
+        except (OSError, netlink_error) as exc:
             raise SourceError(f"rtnetlink link dump: {exc}") from None
         return [Link(msg.get_attr("IFLA_IFNAME"), msg.get_attr("IFLA_STATS64"))
                 for msg in messages]
