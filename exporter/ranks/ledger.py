@@ -202,19 +202,20 @@ class RankTrack:
 def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:
     """Done and not going to change: count it now.
 
-    With NCCL timing an entry gets `duration_ms` when the watchdog retires it; without timing
-    (and on gloo, which never marks completion) retirement or the group's completed sequence
-    number says it is done.
+    With NCCL timing an entry gets `duration_ms` when the watchdog retires it; a retired entry
+    is done whatever pg_status says (gloo's completed number can lag one behind for good:
+    llmmon_reporter.worker._settled); without timing, the group's completed sequence number
+    says a `completed` entry is done.
     """
-    if entry.duration is not None:
+    if entry.duration is not None or entry.retired:
         return True
     if entry.is_p2p:
-        return entry.retired or entry.state == "completed"
+        return entry.state == "completed"
     group = progress.get(entry.pg)
     if group is not None and entry.seq > group.completed:
         return False
     timing = group is not None and group.started >= 0
-    return entry.retired or (entry.state == "completed" and not timing)
+    return entry.state == "completed" and not timing
 
 
 class Ledger:

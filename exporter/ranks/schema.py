@@ -384,6 +384,17 @@ def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
     return progress
 
 
+def _settle(progress: dict[str, Progress], raw: Any, notes: Notes) -> dict[str, Progress]:
+    """Progress with the reporter's `settled` sequence numbers: records its ring showed final
+    although pg_status' completed number lags (gloo updates it out of order).  A number past
+    what the group enqueued settles nothing."""
+    settled = {label(pg, "pg", notes): _int(seq, f"settled.{pg:.40}", -1)
+               for pg, seq in list(_obj(raw or {}, "settled").items())[:MAX_PGS]}
+    return {pg: dataclasses.replace(p, completed=settled[pg])
+            if p.completed < settled.get(pg, -1) <= p.enqueued else p
+            for pg, p in progress.items()}
+
+
 def _tensors(sizes: Any, dtypes: Any, what: tuple[str, str, str, str]
              ) -> tuple[list[list[int]], list[str]]:
     """Shapes and dtype names; `what` names the sizes list, a shape, a dim and the dtypes."""
@@ -521,7 +532,7 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         health=_health(doc.get("reporter", {})),
         groups=_groups(doc.get("pgs") or {}, notes) or _config_groups(status.get("pg_config"),
                                                                        notes),
-        progress=_progress(status.get("pg_status"), notes),
+        progress=_settle(_progress(status.get("pg_status"), notes), doc.get("settled"), notes),
         memory=_memory(doc.get("memory")),
         steps=_steps(doc.get("step")),
         inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT),

@@ -44,3 +44,31 @@ def test_where_names_the_jobs_own_frame_and_the_library_call_it_is_in() -> None:
                             "module": "data"}])
     assert where(loader.stack) == "load_next_batch (data.py:41)"
     assert parsed().stack is None and parsed().activity is None and parsed().exit is None
+
+
+def _lagging(settled: Any) -> Any:  # type: ignore[no-untyped-def]
+    """Group 0 enqueued #5 and completed #3 by pg_status; the reporter settled `settled`."""
+    status = {"pg_status": {"0": {"last_enqueued_collective": "5", "last_started_collective":
+                                  "-1", "last_completed_collective": "3"}}}
+    return parsed(status=status, settled=settled).progress["0"]
+
+
+@pytest.mark.parametrize("settled, completed", [
+    (None, 3), ({}, 3), ({"0": 5}, 5), ({"0": 4}, 4),
+    ({"0": 2}, 3),  # behind what torch says: torch's number stands
+    ({"0": 6}, 3),  # past what the group enqueued: settles nothing
+    ({"7": 5}, 3),  # another group's
+])
+def test_the_reporters_settled_sequence_number_moves_completed_within_what_was_enqueued(
+        settled: Any, completed: int) -> None:
+    assert _lagging(settled).completed == completed
+
+
+@pytest.mark.parametrize("settled, message", [
+    ([5], "settled: expected an object"),
+    ({"0": "five"}, "settled.0: expected an integer"),
+    ({"0": 1 << 70}, "settled.0: expected an integer"),
+])
+def test_a_malformed_settled_block_refuses_the_document(settled: Any, message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        _lagging(settled)

@@ -16,7 +16,7 @@ from tests.ranks.hostile import state, write
 from tests.ranks.jobs import base_env, make_collector, scrape, series, wait_for
 
 # One gloo rank whose reporter ticks only when told: phase k issues argv[k] all_reduces of 16
-# floats, waits until the Flight Recorder has them all completed, ticks (writing the state and
+# floats, waits until the Flight Recorder has them all retired, ticks (writing the state and
 # the log), says so, and waits for the test's go.
 RANK = r"""
 import json, os, sys, time
@@ -29,11 +29,11 @@ reporter = Reporter(spool, Cadence(3600, 3600, 3600), StepStats())
 for phase, count in enumerate(int(c) for c in sys.argv[3:]):
     for _ in range(count):
         dist.all_reduce(torch.ones(16))
-    while True:  # gloo marks the last one completed a moment after all_reduce returns
-        status = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(
-            includeCollectives=False))["pg_status"]["0"]
-        if int(status["last_completed_collective"]) == int(status["last_enqueued_collective"]):
-            break
+    # gloo retires the last one a moment after all_reduce returns; its pg_status can stay a
+    # record behind for good (out-of-order completions), so the ring says when all are done
+    while not all(e["retired"] for e in json.loads(torch._C._distributed_c10d.
+                                                   _dump_fr_trace_json())["entries"]):
+        time.sleep(0.01)
     reporter.tick(force=True)
     open(f"{out}/phase{phase}", "w").close()
     while not os.path.exists(f"{out}/go{phase}"):

@@ -8,8 +8,9 @@ keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives
 step, a crash (the culprit raises), an exit (the culprit calls sys.exit(3)), a desync (the
 culprit broadcasts where its peers all-reduce), a data loader that never returns (the culprit
 sleeps in `load_next_batch`) or a checkpoint (rank 0 writes with torch.save while the others
-wait).  --culprit-unwatched: the culprit runs no reporter, as a
-rank on another node would (its daemon, not this one, sees it).
+wait).  --culprit-unwatched: the culprit runs no reporter, as a rank on another node would
+(its daemon, not this one, sees it).  --overlap: an asynchronous all-reduce in flight with the
+gradients' (gloo then completes out of order).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def parse() -> argparse.Namespace:
                         help="the culprit's data loader never returns from this step on")
     parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
     parser.add_argument("--ckpt-seconds", type=float, default=0.0)
+    parser.add_argument("--overlap", type=int, default=0,
+                        help="each step, all-reduce this many floats asynchronously while the "
+                             "gradients' all-reduces run (DDP's overlapped buckets)")
     return parser.parse_args()
 
 
@@ -79,6 +83,16 @@ def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def retired(timeout: float = 10.0) -> None:
+    """Until gloo has retired every record of the ring (a moment after the last collective
+    returns), at most `timeout` seconds."""
+    dump = torch._C._distributed_c10d._dump_fr_trace_json
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(
+            e.get("retired") for e in json.loads(dump()).get("entries", ())):
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -118,12 +132,16 @@ def main() -> None:
         time.sleep(args.compute)
         optimiser.zero_grad()
         loss.backward()
+        bucket = dist.all_reduce(torch.ones(args.overlap), async_op=True) if args.overlap \
+            else None
         for param in model.parameters():
             if culprit and args.behaviour == "straggler":
                 time.sleep(args.sleep)  # late to every collective
             grad = param.grad.to(torch.bfloat16)
             dist.all_reduce(grad)
             param.grad.copy_(grad / args.world)
+        if bucket is not None:
+            bucket.wait()
         if pair is not None and args.rank in (0, 1):
             gathered = torch.empty(2 * 16)
             dist.all_gather_into_tensor(gathered, torch.full((16,), float(step)), group=pair)
@@ -133,6 +151,7 @@ def main() -> None:
             reporter.step(tokens=32, loss=reported, model_flops=6 * 64 * 64 * 32)
     health: dict = {}
     if reporter is not None:
+        retired()  # the last flush sees the last collective done, as later ticks would
         reporter.flush()
         deadline = time.monotonic() + args.wait_disabled
         while time.monotonic() < deadline and not reporter.health().get("disabled"):
