@@ -363,8 +363,9 @@ def extrapolation(results: list[dict[str, Any]]) -> str:
     lines = ["Extrapolated, linear in nodes, from the largest fleet per store (shipped rules) "
              "whose scrapes kept up (head series at least 90 % of nodes x series per node): "
              "series, memory and rule-group time all grow with the series a rule reads, which "
-             "grow with nodes. Query latency is not extrapolated. The base runs shared the "
-             "machine (load average above), so the times are upper bounds:", "",
+             "grow with nodes. Query latency is not extrapolated. The base runs share the "
+             "machine with the fleet and the scraper (load average above), so the times are "
+             "upper bounds:", "",
              "| nodes | GPUs | store | head series | RSS | slowest rule group | % of its interval |",
              "|---:|---:|---|---:|---:|---:|---:|"]
     for store in ("prometheus", "victoriametrics"):
