@@ -62,9 +62,10 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    notes="rank 3, alone on node-b, takes 40 % longer per step; no timing mode"),
         FaultClass("network", "none", None, r"network|netem|link|retransmi|loss", HANG_WINDOW,
                    qdiscs=("netem delay 40ms 10ms loss 5%",
-                           "tbf rate 8mbit burst 32kbit latency 400ms"),
+                           "tbf rate 8mbit burst 32kbit latency 20ms"),
                    notes="the veth between the nodes degraded: netem 40±10 ms delay and 5 % loss, "
-                   "or where the kernel has no sch_netem, tbf at 8 Mbit/s"),
+                   "or where the kernel has no sch_netem, tbf at 8 Mbit/s with a 20 ms queue "
+                   "(it drops what does not fit: a lossy, congested link)"),
         FaultClass("nan", "nan", None, r"non-?finite|\bnan\b", 240.0,
                    notes="rank 3 reports a NaN loss every step"),
         FaultClass("fp16", "fp16", None, r"fp16|\bhalf\b|bf16", 1200.0, background=True,

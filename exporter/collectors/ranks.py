@@ -22,6 +22,7 @@ from llmmon.options import Option
 from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch
+from llmmon.ranks.netns import Member, TcpWatch
 from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
 from llmmon.sources.spool import SpoolSource
 
@@ -181,6 +182,29 @@ CUT = MetricSpec(
     "state file), series (samples over 64 counter series a rank), read_budget (a changed "
     "file left for the next run: max_read_bytes or half the collector's timeout spent).",
     ("reason",))
+GAP = MetricSpec(
+    "llmmon_nccl_collective_gap_seconds", "gauge",
+    "Mean seconds per collective of the group over its ranks' last 15 s of reports (else "
+    "their 10 newest Flight Recorder gaps): its pace now; absent while idle for 30 s.",
+    ("job_id", "pg"))
+GAP_BASELINE = MetricSpec(
+    "llmmon_nccl_collective_gap_baseline_seconds", "gauge",
+    "The group's fastest mean gap of an earlier 30 s still in its ranks' Flight Recorder "
+    "index: llmmon_nccl_collective_gap_seconds over this is how much slower the job runs than "
+    "its own pace.", ("job_id", "pg"))
+_NETNS = ("job_id", "netns")
+TCP_SENT = MetricSpec(
+    "llmmon_tcp_segments_sent_total", "counter",
+    "TCP segments sent in a network namespace of the job's ranks (Tcp OutSegs of "
+    "/proc/<rank pid>/net/snmp; netns: the pod of its lowest rank here, or host).", _NETNS)
+TCP_RETRANSMITTED = MetricSpec(
+    "llmmon_tcp_segments_retransmitted_total", "counter",
+    "TCP segments retransmitted in a network namespace of the job's ranks (Tcp RetransSegs): "
+    "gloo and NCCL's socket transport over a lossy or congested link.", _NETNS)
+TCP_TIMEOUTS = MetricSpec(
+    "llmmon_tcp_timeouts_total", "counter",
+    "TCP retransmission timeouts in a network namespace of the job's ranks (TcpExt "
+    "TCPTimeouts): a segment lost and not recovered by fast retransmit.", _NETNS)
 
 
 class RanksCollector(Collector):
@@ -192,7 +216,8 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, STALL_THRESHOLD, STALLED)
+             DOING_INFO, ISSUED, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, TCP_SENT,
+             TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -270,6 +295,7 @@ class RanksCollector(Collector):
         self._kept = 0
         self._lock = threading.Lock()
         self.watch = PidWatch(env.procfs, config["pid_poll"])
+        self.tcp = TcpWatch(env.procfs)
         self._evidence: dict[str, Any] = self._judge(time.time())
 
     def start(self) -> None:
@@ -281,7 +307,7 @@ class RanksCollector(Collector):
     def _judge(self, now: float) -> dict[str, Any]:
         return hang.evidence(self.ledger, now, self.config["stale_after"],
                              self.config["stall_after"], self.watch, self.config["stall_floor"],
-                             self.config["stall_factor"])
+                             self.config["stall_factor"], self.tcp)
 
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
@@ -327,6 +353,8 @@ class RanksCollector(Collector):
         self.watch.follow({(t.state.identity.job_id, t.state.identity.rank, t.pid):
                            t.state.identity.start_ticks for t in self.ledger.tracks.values()})
         self.watch.poll(now)
+        for key, message in self.tcp.read(self._members(), now):
+            ctx.error(key, message)
         evidence = self._judge(now)
         with self._lock:
             self._evidence = evidence
@@ -336,6 +364,13 @@ class RanksCollector(Collector):
         else:
             ctx.watching(len(self.ledger.tracks), "ranks in the spool")
         return self._families(now, evidence)
+
+    def _members(self) -> dict[str, list[Member]]:
+        """Each job's ranks with their processes as the PID watch sees them."""
+        return {job_id: [Member(t.state.identity.rank, t.pid, t.state.identity.pod,
+                                self.watch.get((job_id, t.state.identity.rank, t.pid)))
+                         for t in tracks]
+                for job_id, tracks in self.ledger.jobs().items()}
 
     def _dump(self, ctx: Context, evidence: dict[str, Any], now: float) -> None:
         """Request one dump per stall (job, group, stuck sequence); keep the newest sets."""
@@ -379,6 +414,11 @@ class RanksCollector(Collector):
                         families.add(MARK, [job, str(track.state.identity.rank), pg,
                                             str(mark[0])], mark[1] / 1e9)
             self._group_families(families, job, tracks)
+        for job_id, netns, stats in self.tcp.series():
+            families.add(TCP_SENT, [job_id, netns], stats.sent)
+            families.add(TCP_RETRANSMITTED, [job_id, netns], stats.retransmitted)
+            if stats.timeouts is not None:
+                families.add(TCP_TIMEOUTS, [job_id, netns], stats.timeouts)
         for job_id, count in sorted(self._dumps_requested.items()):
             families.add(DUMPS_REQUESTED, [job_id], count)
         families.add(DUMPS_KEPT, [], self._kept)
@@ -412,6 +452,11 @@ class RanksCollector(Collector):
                                       signature], 1)
             families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
             families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
+            if group["gap"]:
+                families.add(GAP, [job_id, group["pg"]], group["gap"]["recent_seconds"])
+                if group["gap"]["baseline_seconds"] is not None:
+                    families.add(GAP_BASELINE, [job_id, group["pg"]],
+                                 group["gap"]["baseline_seconds"])
 
     @staticmethod
     def _group_families(families: Families, job: str, tracks: list[RankTrack]) -> None:

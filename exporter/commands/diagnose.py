@@ -130,6 +130,10 @@ class RanksBranch:
                 severity = "critical" if group["stalled"] else "ok" if group["op"] is None \
                     else "info"
                 findings.append(Finding(self.name, severity, group["summary"], group))
+            slow = job.get("slowdown")
+            if slow:  # a warning with its cause (TCP loss), else shown for what it is
+                findings.append(Finding(self.name, "warning" if slow["cause"] else "info",
+                                        slow["summary"], slow))
             if args.dump and job["stalled_groups"]:
                 ranks = [r["rank"] for r in job["ranks"]]
                 results = dumps.request(args.pipe_dir, job["job_id"], ranks)

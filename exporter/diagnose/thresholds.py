@@ -65,6 +65,9 @@ class Thresholds:
     straggler_collectives: str = ".*(all_?reduce|all_?gather|reduce_scatter).*"
     straggler_score: float = 0.3
     straggler_enqueue_lag_seconds: float = 0.01
+    network_slow_factor: float = 2
+    network_slow_retransmit_share: float = 0.01
+    network_slow_rate_window: str = "1m"
     xid_action_window_seconds: float = 3600
     xid_paged_actions: tuple[str, ...] = ("reset_gpu", "reboot_node", "rma")
     pcie_busy_utilization: float = 0.5

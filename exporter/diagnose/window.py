@@ -29,7 +29,7 @@ Snapshot = dict[str, dict[LabelKey, float]]  # sample name -> label set -> value
 # Families the checks and the local recording rules read.
 WANTED = ("llmmon_gpu_", "llmmon_gpudirect_", "llmmon_rank_", "llmmon_torch_", "llmmon_nccl_",
           "llmmon_training_", "llmmon_rdma_", "llmmon_nic_", "llmmon_netdev_", "llmmon_disk_",
-          "llmmon_pressure_")
+          "llmmon_pressure_", "llmmon_tcp_")
 
 
 def parse(text: str, keys: dict[LabelKey, LabelKey] | None = None) -> Snapshot:

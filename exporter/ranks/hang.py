@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmmon.ranks import culprit, desync, ending, pace
+from llmmon.ranks import culprit, desync, ending, pace, slowdown
 from llmmon.ranks.ledger import Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, Process
+from llmmon.ranks.netns import TcpWatch
 from llmmon.ranks.schema import Group
 from llmmon.ranks.spans import join_spans, spans_text
 
@@ -112,6 +113,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     found = desync.find(frontier, issued) if op else None
     shown = bool(op) and (stalled_for >= ISSUED_AFTER or job.end is not None)
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
+    gap = slowdown.group_pace(members, pg, now)
     window = max(stalled_for, 1.0)
     doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
     stopped = sorted(r for r, d in doing.items() if d.stopped)
@@ -145,6 +147,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "no_progress_seconds": round(since, 3),
         "stalled_seconds": round(stalled_for, 3),
         "pace": learned.json(),
+        "gap": gap.json() if gap else None,
         "stall_threshold_seconds": round(learned.threshold, 3),
         "stall_ceiling_seconds": limits.stall_after,
         "stalled": stalled,
@@ -210,8 +213,9 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
 
 def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
              watch: PidWatch | None = None, stall_floor: float = 10.0,
-             stall_factor: float = 5.0) -> dict[str, Any]:
-    """The document /api/v1/ranks serves and `llmmon diagnose --ranks` reads."""
+             stall_factor: float = 5.0, tcp: TcpWatch | None = None) -> dict[str, Any]:
+    """The document /api/v1/ranks serves and `llmmon diagnose --ranks` reads (`tcp`: the
+    job's TCP loss, for the cause of an even slowdown)."""
     limits = Limits(stale_after, stall_after, stall_floor, stall_factor)
     jobs = []
     for job_id, tracks in ledger.jobs().items():
@@ -223,10 +227,16 @@ def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
             job_id, [t.state.identity.rank for t in tracks], ends))
         pgs = sorted({pg for t in tracks for pg in t.state.progress})
         groups = [_group_json(job_id, job, pg, now, limits) for pg in pgs]
+        up = [t for t in tracks if t.age(now) <= stale_after]
+        lags = {pg: ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg)
+                for pg in pgs}
+        loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
         jobs.append({"job_id": job_id,
                      "ranks": [_rank_json(job, t, now, limits) for t in tracks],
                      "groups": groups,
                      "end": job.end,
+                     "slowdown": None if job.end else slowdown.verdict(job_id, groups, lags,
+                                                                       loss),
                      "stalled_groups": [g["pg"] for g in groups if g["stalled"]]})
     return {"generated_at": now, "stale_after_seconds": stale_after,
             "stall_after_seconds": stall_after, "stall_floor_seconds": stall_floor,

@@ -34,6 +34,7 @@ MAX_INDEXED_SEQS = 4096  # enqueue times remembered per rank, shared by its grou
 MARK_STEPS = (256, 4096, 65536)
 MARK_EVERY = 120.0  # seconds: the largest step whose marks come at least this often is exported
 MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
+MAX_ENQUEUES = 16  # (write time, last enqueued) per group: the pace now, at the status cadence
 
 RankKey = tuple[str, int]  # job_id, rank
 
@@ -84,6 +85,9 @@ class RankTrack:
     # (reporter write time, its activity counters): bytes moved over a stall's window
     activity: deque[tuple[float, Activity]] = field(
         default_factory=lambda: deque(maxlen=MAX_ACTIVITY))
+    # pg -> (reporter write time, last enqueued sequence) of the states read (the ring comes
+    # every 20 s, the status every second: llmmon.ranks.slowdown's pace now)
+    enqueues: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -123,6 +127,7 @@ class RankTrack:
                               if pg in progress}
         self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
         self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
+        self.enqueues = {pg: seen for pg, seen in self.enqueues.items() if pg in progress}
         for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
             if noted is None or noted[0] != group.completed:
@@ -244,6 +249,10 @@ class Ledger:
                 track.durations = previous.durations
         track.state, track.mtime = dataclasses.replace(state, inflight=None), mtime
         track.note_progress(now)
+        for pg, group in state.progress.items():
+            seen = track.enqueues.setdefault(pg, deque(maxlen=MAX_ENQUEUES))
+            if not seen or seen[-1][0] < state.written_ns / 1e9:
+                seen.append((state.written_ns / 1e9, group.enqueued))
         if state.activity is not None and (not track.activity
                                            or track.activity[-1][1] != state.activity):
             track.activity.append((state.written_ns / 1e9, state.activity))

@@ -43,12 +43,18 @@ def _p99(values: list[float]) -> float:
     return values[int(0.99 * (len(values) - 1))]
 
 
-def gaps(track: RankTrack, pg: str) -> list[float]:
-    """Seconds between the enqueue of consecutive collectives of `pg` on this rank."""
+def timed_gaps(track: RankTrack, pg: str) -> list[tuple[float, float]]:
+    """(Unix time of the later enqueue, seconds since the one before) for consecutive
+    collectives of `pg` on this rank, oldest first."""
     seqs = track.index.get(pg, {})
-    newest = sorted(seqs)[-MAX_GAPS - 1:]
-    return [(seqs[b].created_ns - seqs[a].created_ns) / 1e9
-            for a, b in zip(newest, newest[1:]) if b == a + 1]
+    ordered = sorted(seqs)
+    return [(seqs[b].created_ns / 1e9, (seqs[b].created_ns - seqs[a].created_ns) / 1e9)
+            for a, b in zip(ordered, ordered[1:]) if b == a + 1]
+
+
+def gaps(track: RankTrack, pg: str) -> list[float]:
+    """Seconds between the enqueue of consecutive collectives of `pg` on this rank (newest)."""
+    return [gap for _, gap in timed_gaps(track, pg)[-MAX_GAPS:]]
 
 
 def step_p99(steps: Steps | None) -> float | None:

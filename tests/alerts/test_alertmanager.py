@@ -28,7 +28,7 @@ def _amtool(*args: str) -> subprocess.CompletedProcess:
 def test_config_is_valid() -> None:
     result = _amtool("check-config", str(ALERTMANAGER_CONFIG))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert " - 9 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
+    assert " - 10 inhibit rules" in result.stdout and " - 3 receivers" in result.stdout
 
 
 @pytest.mark.parametrize("labels, receiver", [
@@ -145,6 +145,8 @@ SOURCES = {
                   "action": "reset_gpu"},
     "hangnodes": {"alertname": "LLMTrainingHangNodes", "severity": "info", "cluster": "c1",
                   "node": "node-f", "job_id": "llama"},
+    "netslow": {"alertname": "LLMTrainingNetworkSlow", "severity": "warning",
+                "reason": "tcp_retransmits", "cluster": "c1", "job_id": "mistral"},
     "desync": {"alertname": "LLMTrainingDesync", "severity": "critical", "cluster": "c1",
                "job_id": "bert", "pg": "0", "rank": "3", "node": "node-b", "seq": "273",
                "signature": "broadcast 256 B Float"},
@@ -152,6 +154,9 @@ SOURCES = {
 MUTED = {  # target -> (labels, the source that mutes it)
     "straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning", "reason": "collective_time",
                    "cluster": "c1", "job_id": "llama", "rank": "2", "node": "node-b"}, "hang"),
+    "netslow-straggler": ({"alertname": "LLMTrainingStraggler", "severity": "warning",
+                           "reason": "enqueue_lag", "cluster": "c1", "job_id": "mistral",
+                           "rank": "1", "node": "node-a"}, "netslow"),
     "mfu": ({"alertname": "LLMTrainingMFULow", "severity": "warning", "cluster": "c1", "job_id": "llama"},
             "hang"),
     "starvation": ({"alertname": "GPUDataLoaderStarvation", "severity": "warning", "cluster": "c1",

@@ -1,13 +1,14 @@
 """The fault benchmark's correctness subset: real torchrun/gloo jobs over two simulated nodes
 (bench/faults/), the daemons at their defaults, real Prometheus and Alertmanager.
 
-Five classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
+Six classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
 SIGSTOP (its reporter too), rank 3 leaving with sys.exit(3), rank 3 killed by SIGKILL (torchrun
-tears the rest of each of those two jobs down), and a healthy job.  Each check is about *who* and *what*: the right
-rank, the right kind of evidence, no rank wrongly blamed, no page for a healthy job.  How fast
-each source said so is the benchmark's business (docs/faults.md), never asserted here; each
-class is watched until the API and `llmmon diagnose` have named it, or its window (a deadline,
-generous for a loaded 2-core machine) runs out.
+tears the rest of each of those two jobs down), the link between the nodes degraded (a lossy
+tbf, or netem where the kernel has it), and a healthy job. Each check is about *who* and
+*what*: the right rank, the right kind of evidence, no rank wrongly blamed, no page for a
+healthy job. How fast each source said so is the benchmark's business (docs/faults.md), never
+asserted here; each class is watched until the API and `llmmon diagnose` have named it, or its
+window (a deadline, generous for a loaded 2-core machine) runs out.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ from bench.faults.classes import classes
 from bench.faults.run import bench
 
 WANTED = {"loader": 240.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
-          "healthy": 150.0}  # class -> window (s)
+          "network": 240.0, "healthy": 150.0}  # class -> window (s)
+# Healthy seconds before the fault: enough to see each rank step; the network class compares the
+# job with its own earlier pace, which needs 30 s of it (slowdown.WINDOW, half of it covered)
+WARMUP = {"network": 40.0}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     assert os.geteuid() == 0, "the nodes' ranks run in network namespaces: run as root"
     chosen = [dataclasses.replace(c, window=WANTED[c.name], background=False,
-                                  warmup=min(c.warmup, 15.0))
+                                  warmup=WARMUP.get(c.name, min(c.warmup, 15.0)))
               for c in classes(WANTED["healthy"]) if c.name in WANTED]
     work: Path = tmp_path_factory.mktemp("faults")
     done = bench(chosen, parallel=len(chosen), work=work, needed=("api", "diagnose"))
@@ -72,6 +76,22 @@ def test_a_rank_that_exits_or_is_killed_is_named_with_its_code_or_signal(results
         assert said in api["said"], api["said"]
         assert diagnose["named_at"] is not None and said in diagnose["said"], diagnose
         assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+
+
+def test_a_degraded_link_between_the_nodes_is_the_network_not_a_rank(results: dict) -> None:
+    # Every rank slows evenly, none is behind: the daemons judge the job by its own pace and
+    # the TCP retransmissions in its pods' network namespaces (a healthy job, beside it, says
+    # nothing: the last test)
+    r = results["network"]
+    assert not r["error"], r
+    assert "(used: " in r["notes"], r["notes"]  # the link was degraded
+    api, diagnose = r["sources"]["api"], r["sources"]["diagnose"]
+    for source in (api, diagnose):
+        assert source["cause_at"] is not None, source
+        assert "slower than its own pace" in source["said"], source["said"]
+        assert "TCP segments" in source["said"] and "suspect the network" in source["said"]
+    assert "[WARN]" in diagnose["said"], diagnose["said"]
+    assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
 
 
 def test_a_healthy_job_blames_nobody_and_pages_nobody(results: dict) -> None:

@@ -15,6 +15,7 @@ from llmmon.diagnose.view import Sample, View, group, key, total
 NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")
 PG = ("cluster", "job_id", "pg")
+GAP = ("cluster", "node", "job_id", "pg")
 FAR_PATHS = {"PHB": "through the host bridge", "NODE": "across host bridges of one NUMA node",
              "SYS": "across CPU sockets"}
 PFC = "node_netdev_priority:llmmon_nic_pfc_pause:ratio_rate1m"
@@ -194,6 +195,56 @@ def straggler(view: View, t: Thresholds) -> Outcome:
     return ok(f"no rank is late (largest enqueue lag {d.seconds(latest)})")
 
 
+def _slowest(view: View) -> dict[tuple[str, ...], Sample]:
+    """(cluster, job_id) -> its group whose pace fell most against its own baseline (the value:
+    recent gap / baseline gap)."""
+    bases = {key(s, GAP): s.value
+             for s in view.instant("llmmon_nccl_collective_gap_baseline_seconds")}
+    ratios = [Sample(s.labels, s.value / bases[key(s, GAP)])
+              for s in view.instant("llmmon_nccl_collective_gap_seconds")
+              if bases.get(key(s, GAP))]
+    return {job: max(members, key=lambda s: s.value)
+            for job, members in group(ratios, *JOB).items()}
+
+
+def network_slow(view: View, t: Thresholds) -> Outcome:
+    slowest = _slowest(view)
+    if not slowest:
+        return unknown("no group pace to compare (needs the reporter, and a group completing "
+                       "at least 5 collectives in 30 s with an earlier 30 s to compare with)")
+    window = t.network_slow_rate_window
+    lost = view.rate("llmmon_tcp_segments_retransmitted_total", window)
+    sent = view.rate("llmmon_tcp_segments_sent_total", window)
+    if lost is None or sent is None:
+        return unknown(NEEDS_RATES)
+    sending = {key(s, ("cluster", "node", "job_id", "netns")): s.value for s in sent}
+    worst: dict[tuple[str, ...], Sample] = {}
+    for s in lost:
+        segments = sending.get(key(s, ("cluster", "node", "job_id", "netns")), 0.0)
+        share = Sample(s.labels, s.value / segments if segments > 0 else 0.0)
+        if share.value > worst.get(key(s, JOB), Sample({}, -1.0)).value:
+            worst[key(s, JOB)] = share
+    found = []
+    for job, pace in sorted(slowest.items()):
+        loss = worst.get(job)
+        if pace.value >= t.network_slow_factor and loss and \
+                loss.value > t.network_slow_retransmit_share:
+            found.append(d.evidence(
+                pace, ("job_id", "pg"), f"job {pace.get('job_id')} runs {pace.value:.1f}x slower "
+                f"than its own pace (group {pace.get('pg')}) and {d.percent(loss.value)} of the "
+                f"TCP segments sent in the network namespace of {loss.get('netns')}"
+                f"{d.on_node(loss)} are retransmitted", slowdown_ratio=pace.value,
+                retransmitted_share=loss.value))
+    if found:
+        return suspect("every rank of a job runs slower while its TCP traffic is lossy: suspect "
+                       "the network between its nodes, not a rank", *found)
+    pace = max(slowest.values(), key=lambda s: s.value)
+    loss = max(worst.values(), key=lambda s: s.value, default=None)
+    return ok(f"no job both slowed and lossy (slowest: job {pace.get('job_id')} at "
+              f"{pace.value:.1f}x its own pace; most TCP retransmitted: "
+              f"{d.percent(loss.value) if loss else 'none read'})")
+
+
 def _fabrics(view: View) -> dict[tuple[str, ...], str | None]:
     """(cluster, job_id, pg) -> nvlink (every rank on one node), infiniband or roce (the
     group spans nodes; by the RDMA ports' link layer), or None (no RDMA port: TCP)."""
@@ -264,4 +315,8 @@ BRANCH = BranchSpec(
                 "rdma_cnp_per_second")),
      CheckSpec("straggler", "Late rank (fail-slow)", straggler, ("LLMTrainingStraggler",),
                ("straggler_collectives", "straggler_score", "straggler_enqueue_lag_seconds")),
+     CheckSpec("network_slow", "Even slowdown with TCP loss", network_slow,
+               ("LLMTrainingNetworkSlow",),
+               ("network_slow_factor", "network_slow_retransmit_share",
+                "network_slow_rate_window")),
      CheckSpec("busbw", "Bus bandwidth vs reference", busbw, doc="bus-bandwidth")))
