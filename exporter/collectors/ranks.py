@@ -184,8 +184,8 @@ CUT = MetricSpec(
     ("reason",))
 GAP = MetricSpec(
     "llmmon_nccl_collective_gap_seconds", "gauge",
-    "Mean seconds per collective of the group over its ranks' last 15 s of reports (else "
-    "their 10 newest Flight Recorder gaps): its pace now; absent while idle for 30 s.",
+    "Mean seconds per collective of the group between two of its ranks' reports 10-20 s apart "
+    "(else their 10 newest Flight Recorder gaps): its pace now; absent while idle for 30 s.",
     ("job_id", "pg"))
 GAP_BASELINE = MetricSpec(
     "llmmon_nccl_collective_gap_baseline_seconds", "gauge",
