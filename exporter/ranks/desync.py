@@ -4,15 +4,18 @@ Collectives are matched by sequence number, so every rank of a group must issue 
 operation, element type and size at each one (SPMD); a rank that issued another (a broadcast
 where its peers all-reduce, a tensor of another size) hangs the group or crashes it.  All-to-all
 and the `_v` collectives carry per-rank sizes: only their operation and type must agree.  With
-a strict majority the minority is the odd one out; without one (two ranks on a node that
-disagree) this node cannot tell, and the rules decide across nodes from every rank's
-`llmmon_nccl_inflight_collective_info`.
+a strict majority the minority is the odd one out.  Without one (two ranks on a node that
+disagree) the group's own history breaks the tie: training repeats its collectives every step,
+so when exactly one of the signatures is one the group issued in its last HISTORY collectives
+(or, failing that, exactly one of their operations: a broadcast in a job that only all-reduces),
+the ranks that issued anything else are the odd ones.  Otherwise this node cannot tell, and the
+rules decide across nodes from every rank's `llmmon_nccl_inflight_collective_info`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import AbstractSet, Any, Callable
 
 from llmmon.ranks import collectives
 from llmmon.ranks.ledger import Enqueued
@@ -26,16 +29,37 @@ def compared(entry: Enqueued) -> str:
     return entry.signature
 
 
-def find(seq: int, issued: dict[int, Enqueued]) -> dict[str, Any] | None:
-    """The desync at `seq` among the ranks that issued it (rank -> its entry), or None."""
+HISTORY = 64  # earlier sequence numbers of the group a tie is judged against
+
+
+def find(seq: int, issued: dict[int, Enqueued], before: AbstractSet[str] = frozenset()
+         ) -> dict[str, Any] | None:
+    """The desync at `seq` among the ranks that issued it (rank -> its entry), or None;
+    `before`: what the group issued (`compared`) at its HISTORY sequence numbers before."""
     seen = {rank: compared(entry) for rank, entry in issued.items()}
     counts = Counter(seen.values()).most_common()
     if len(counts) < 2:
         return None
-    majority = counts[0][0] if counts[0][1] > counts[1][1] else None
+    majority, basis = (counts[0][0], "majority") if counts[0][1] > counts[1][1] else (None, "")
+    if majority is None:
+        signatures = [signature for signature, _ in counts]
+        majority = _usual(signatures, before) or _usual(signatures, before, _operation)
+        basis = "history" if majority else ""
     odd = sorted(r for r, s in seen.items() if s != majority) if majority else []
     return {"seq": seq, "issued": {str(r): issued[r].signature for r in sorted(issued)},
-            "odd": odd, "majority": majority}
+            "odd": odd, "majority": majority, "basis": basis}
+
+
+def _operation(signature: str) -> str:
+    return signature.split()[0]
+
+
+def _usual(signatures: list[str], before: AbstractSet[str],
+           key: Callable[[str], str] = str) -> str | None:
+    """The one signature whose `key` is among those of `before`, if exactly one is."""
+    known = {key(signature) for signature in before}
+    usual = [signature for signature in signatures if key(signature) in known]
+    return usual[0] if len(usual) == 1 else None
 
 
 def text(found: dict[str, Any]) -> str:
@@ -45,8 +69,9 @@ def text(found: dict[str, Any]) -> str:
         odd = found["odd"]
         theirs = "; ".join(f"rank {r} issued {issued[r]}" for r in odd)
         rest = sorted(set(issued) - set(odd))
+        usual = ", as the group did before" if found.get("basis") == "history" else ""
         return (f"; a desync at #{found['seq']}: {theirs} where rank(s) {spans_text(rest)} "
-                f"issued {found['majority']}")
+                f"issued {found['majority']}{usual}")
     each = "; ".join(f"rank {r}: {s}" for r, s in sorted(issued.items()))
     return (f"; a desync at #{found['seq']}: the ranks here disagree ({each}) and none is the odd "
             f"one out on this node: the other nodes' ranks decide (LLMTrainingDesync)")

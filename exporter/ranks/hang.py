@@ -110,7 +110,10 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
     stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
     issued = {t.state.identity.rank: c for t, c in zip(members, created) if c is not None}
-    found = desync.find(frontier, issued) if op else None
+    found = desync.find(frontier, issued, {
+        desync.compared(entry) for t in members
+        for entry in map(t.index.get(pg, {}).get, range(frontier - desync.HISTORY, frontier))
+        if entry is not None}) if op else None
     shown = bool(op) and (stalled_for >= ISSUED_AFTER or job.end is not None)
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
     gap = slowdown.group_pace(members, pg, now)

@@ -88,6 +88,9 @@ class RankTrack:
     # pg -> (reporter write time, last enqueued sequence) of the states read (the ring comes
     # every 20 s, the status every second: llmmon.ranks.slowdown's pace now)
     enqueues: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    # pg -> (the index's version, llmmon.ranks.pace.timed_gaps of it)
+    timed: dict[str, tuple[tuple[int, int], list[tuple[float, float]]]] = field(
+        default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -128,6 +131,7 @@ class RankTrack:
         self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
         self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
         self.enqueues = {pg: seen for pg, seen in self.enqueues.items() if pg in progress}
+        self.timed = {pg: gaps for pg, gaps in self.timed.items() if pg in progress}
         for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
             if noted is None or noted[0] != group.completed:

@@ -45,11 +45,18 @@ def _p99(values: list[float]) -> float:
 
 def timed_gaps(track: RankTrack, pg: str) -> list[tuple[float, float]]:
     """(Unix time of the later enqueue, seconds since the one before) for consecutive
-    collectives of `pg` on this rank, oldest first."""
+    collectives of `pg` on this rank, oldest first; kept until the rank's index of the group
+    changes (a new ring read: every 20 s, while the daemon judges every 5 s)."""
     seqs = track.index.get(pg, {})
+    version = (len(seqs), next(reversed(seqs), -1))  # insertion order: the newest read last
+    cached = track.timed.get(pg)
+    if cached is not None and cached[0] == version:
+        return cached[1]
     ordered = sorted(seqs)
-    return [(seqs[b].created_ns / 1e9, (seqs[b].created_ns - seqs[a].created_ns) / 1e9)
-            for a, b in zip(ordered, ordered[1:]) if b == a + 1]
+    found = [(seqs[b].created_ns / 1e9, (seqs[b].created_ns - seqs[a].created_ns) / 1e9)
+             for a, b in zip(ordered, ordered[1:]) if b == a + 1]
+    track.timed[pg] = (version, found)
+    return found
 
 
 def gaps(track: RankTrack, pg: str) -> list[float]:

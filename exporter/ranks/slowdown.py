@@ -13,6 +13,7 @@ their rules speak, and a common slowdown (input pipeline, every GPU throttled) h
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any, Iterable
@@ -74,10 +75,10 @@ def _earlier(gaps: list[tuple[float, float]], since: float) -> list[float]:
     oldest, cut by the ring or by the job's start, would compare its first burst of set-up
     collectives)."""
     blocks: dict[int, list[float]] = {}
-    for t, gap in gaps:
-        if t < since:
-            blocks.setdefault(int((since - t) // WINDOW), []).append(gap)
-    return [mean(b) for b in blocks.values() if len(b) >= MIN_GAPS and sum(b) >= WINDOW / 2]
+    for t, gap in gaps[:bisect.bisect_left(gaps, (since,))]:
+        blocks.setdefault(int((since - t) // WINDOW), []).append(gap)
+    return [sum(b) / len(b) for b in blocks.values()
+            if len(b) >= MIN_GAPS and sum(b) >= WINDOW / 2]
 
 
 def group_pace(members: Iterable[RankTrack], pg: str, now: float) -> Pace | None:

@@ -32,3 +32,22 @@ def test_the_rank_that_issued_another_collective_is_named_with_what_each_issued(
     issued = series(samples, "llmmon_nccl_inflight_collective_info", job_id="desync", pg="0")
     assert {dict(k)["rank"]: (dict(k)["seq"], dict(k)["signature"]) for k in issued} == {
         rank: (str(found["seq"]), signature) for rank, signature in found["issued"].items()}
+
+
+def test_two_ranks_that_disagree_are_told_apart_by_what_the_group_issued_before(
+        tmp_path: Path) -> None:
+    # No majority on a node with two ranks: the one that issued what the group never issued in
+    # its last collectives (a broadcast in a job that only all-reduces) is the odd one
+    with watched_collector(tmp_path) as (spool, collector):
+        env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="desync2")
+        with Job(tmp_path, 2, [*LONG, "--culprit", "1", "--desync-at", "60"], env):
+            def desynced() -> dict | None:
+                doc = job_doc(collector)
+                group = next((g for g in doc["groups"] if g["pg"] == "0"), None) if doc else None
+                return group if group and group["desync"] else None
+            group = wait_for(desynced, 240, "the desync")
+    found = group["desync"]
+    assert (found["odd"], found["basis"]) == ([1], "history"), group
+    assert found["majority"].startswith("all_reduce 256 B"), found
+    assert f"a desync at #{found['seq']}: rank 1 issued broadcast 256 B" in group["summary"]
+    assert "as the group did before" in group["summary"], group["summary"]
