@@ -57,7 +57,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
             for group in job.get("groups", []):
                 if group.get("stalled"):
                     lines.append(f"{node}: {group.get('summary')}")
-                    blamed |= set(group.get("behind", [])) | set(group.get("stale", []))
+                    blamed |= set(group.get("behind", [])) | set(group.get("stale", [])) | \
+                        set((group.get("desync") or {}).get("odd", []))
             # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
             # slow import shows up there); what blames a rank is in its groups and its exit.
             described = {**job, "groups": None, "ranks": [

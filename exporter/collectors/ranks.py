@@ -159,6 +159,11 @@ ISSUED = MetricSpec(
     "flight. Ranks of a group must agree at each sequence number; the rules name the rank that "
     "differs from the others across nodes (LLMTrainingDesync).",
     ("job_id", "pg", "rank", "seq", "signature"))
+USUAL = MetricSpec(
+    "llmmon_nccl_desync_usual_info", "info",
+    "At a desync this node's ranks split evenly on, the signature the group's own last 64 "
+    "collectives back (the other rank is the odd one; exported with "
+    "llmmon_nccl_inflight_collective_info).", ("job_id", "pg", "seq", "signature"))
 STALL_THRESHOLD = MetricSpec(
     "llmmon_nccl_stall_threshold_seconds", "gauge",
     "How long the group may complete nothing while ranks wait before it is stalled: "
@@ -216,7 +221,7 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, TCP_SENT,
+             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, TCP_SENT,
              TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
@@ -450,6 +455,9 @@ class RanksCollector(Collector):
             for rank, signature in group["issued"].items():
                 families.add(ISSUED, [job_id, group["pg"], rank, str(group["op"]["seq"]),
                                       signature], 1)
+            found = group["desync"]
+            if group["issued"] and found and found["basis"] == "history":
+                families.add(USUAL, [job_id, group["pg"], str(found["seq"]), found["majority"]], 1)
             families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
             families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
             if group["gap"]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmmon.diagnose.branches import hang as hang_branch
+from llmmon.diagnose.thresholds import Thresholds
+from llmmon.diagnose.window import LocalView, Window
 from tests.ranks.jobs import Job, base_env, job_doc, scrape, series, wait_for, watched_collector
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
@@ -46,8 +49,23 @@ def test_two_ranks_that_disagree_are_told_apart_by_what_the_group_issued_before(
                 group = next((g for g in doc["groups"] if g["pg"] == "0"), None) if doc else None
                 return group if group and group["desync"] else None
             group = wait_for(desynced, 240, "the desync")
+
+            def exported() -> tuple | None:  # the in-flight collectives: 5 s into the wait
+                samples, _, text = scrape(collector)
+                usual = series(samples, "llmmon_nccl_desync_usual_info", job_id="desync2")
+                return (usual, text) if usual else None
+            usual, text = wait_for(exported, 60, "the tie's usual signature exported")
     found = group["desync"]
     assert (found["odd"], found["basis"]) == ([1], "history"), group
+    assert [dict(k)["signature"] for k in usual] == [found["majority"]]
+    # the triage tree's desync check reads the same tie from the exposition
+    window = Window(span=60)
+    window.add(text)
+    check = hang_branch.desync(LocalView(window.observations(), "daemon", "", Thresholds()),
+                               Thresholds())
+    assert check.verdict == "suspect", check
+    assert [e.subject.get("rank") for e in check.evidence] == ["1"], check
+    assert "(as the group did before): a desync" in check.evidence[0].text
     assert found["majority"].startswith("all_reduce 256 B"), found
     assert f"a desync at #{found['seq']}: rank 1 issued broadcast 256 B" in group["summary"]
     assert "as the group did before" in group["summary"], group["summary"]

@@ -117,6 +117,8 @@ def desync(view: View, t: Thresholds) -> Outcome:
     issued = view.instant("llmmon_nccl_inflight_collective_info")
     if not issued:
         return unknown("no process group has waited 5 s in a collective (nothing to compare)")
+    usual = {key(s, (*GROUP_KEY, "seq")): s.get("signature")
+             for s in view.instant("llmmon_nccl_desync_usual_info")}
     found = []
     for where, members in sorted(group(issued, *GROUP_KEY, "seq").items()):
         votes: dict[str, list[Sample]] = {}
@@ -124,18 +126,21 @@ def desync(view: View, t: Thresholds) -> Outcome:
             votes.setdefault(member.get("signature"), []).append(member)
         if len(votes) < 2:
             continue
-        ranked = sorted(votes.items(), key=lambda item: -len(item[1]))
-        if len(ranked[0][1]) == len(ranked[1][1]):
+        # a tie the daemon broke with the group's history: the usual signature first
+        ranked = sorted(votes.items(), key=lambda item: (-len(item[1]),
+                                                         item[0] != usual.get(where)))
+        if len(ranked[0][1]) == len(ranked[1][1]) and ranked[0][0] != usual.get(where):
             each = "; ".join(f"{d.rank(m)}: {m.get('signature')}" for m in members)
             found.append(d.evidence(members[0], ("job_id", "pg"), f"job {where[1]} group "
                                     f"{where[2]} collective #{where[3]}: the ranks disagree "
                                     f"({each}) and none is in the minority", ranks=len(members)))
             continue
         major, voters = ranked[0]
+        backed = " (as the group did before)" if major == usual.get(where) else ""
         found += [d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} issued "
                              f"{m.get('signature')} as collective #{where[3]} of group "
-                             f"{where[2]}, where {len(voters)} ranks issued {major}: a desync",
-                             ranks=len(members))
+                             f"{where[2]}, where {len(voters)} ranks issued {major}{backed}: a "
+                             "desync", ranks=len(members))
                   for minority in ranked[1:] for m in minority[1]]
     if found:
         return suspect("ranks of a process group issued different collectives at one sequence "
