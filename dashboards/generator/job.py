@@ -147,6 +147,30 @@ def straggler_score(**size):
         steps=((None, "green"), (limits.get("straggler_score"), "red")), **size)
 
 
+def pace(**size):
+    return timeseries(
+        "Pace against its own", "Seconds per collective now over the fastest earlier 30 s "
+        "still in the ranks' Flight Recorder, per group and node: 1 is the job's own pace. "
+        "Dashed: LLMTrainingNetworkSlow's level (with TCP loss beside it).", units.Short,
+        Query(f"{m('llmmon_nccl_collective_gap_seconds', 'job_id')} / on (cluster, node, "
+              f"job_id, pg) {m('llmmon_nccl_collective_gap_baseline_seconds', 'job_id')}",
+              "{{job_id}} {{pg}} {{node}}"),
+        steps=((None, "green"), (limits.get("network_slow_factor"), "red")), min_value=0,
+        **size)
+
+
+def tcp_loss(**size):
+    return timeseries(
+        "TCP segments retransmitted", "Share of the TCP segments sent in each network "
+        "namespace of the job's ranks that were retransmitted (gloo, NCCL's socket "
+        "transport). Dashed: LLMTrainingNetworkSlow's level.", units.PercentUnit,
+        Query(f"{rate('llmmon_tcp_segments_retransmitted_total', 'job_id')} / "
+              f"{rate('llmmon_tcp_segments_sent_total', 'job_id')}",
+              "{{job_id}} {{netns}} {{node}}"),
+        steps=((None, "green"), (limits.get("network_slow_retransmit_share"), "red")),
+        min_value=0, **size)
+
+
 def step_time(**size):
     step = "llmmon_training_step_seconds"
     return timeseries(
@@ -230,6 +254,7 @@ def dashboard() -> dict:
                   ranks_behind(**third), oldest_inflight(**third),
                   collective_time_heatmap(**half), enqueue_lag(**half),
                   row("Bandwidth and stragglers"), busbw(**half), straggler_score(**half),
+                  pace(**half), tcp_loss(**half),
                   row("Throughput"), step_time(**third), mfu(**third), tokens(**third),
                   row("Allocator memory"), allocator_memory(**quarter),
                   fragmentation(**quarter), reserved_share(**quarter),
