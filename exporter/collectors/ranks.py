@@ -409,12 +409,12 @@ class RanksCollector(Collector):
             for track in tracks:
                 self._rank_families(families, track, now, stale_after)
             self._judged_families(families, judged[job])
+            for pg, lags in judged[job]["enqueue_lag"].items():
+                for rank, lag in lags.items():
+                    families.add(LAG, [job, rank, pg], lag)
             up = [t for t in tracks if t.age(now) <= stale_after]
             for pg in sorted({pg for t in up for pg in t.state.progress}):
-                members = [t for t in up if pg in t.state.progress]
-                for rank, lag in self.ledger.enqueue_lag(members, pg).items():
-                    families.add(LAG, [job, str(rank), pg], lag)
-                for track in members:
+                for track in (t for t in up if pg in t.state.progress):
                     if (mark := track.mark(pg)) is not None:
                         families.add(MARK, [job, str(track.state.identity.rank), pg,
                                             str(mark[0])], mark[1] / 1e9)

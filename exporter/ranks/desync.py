@@ -15,10 +15,10 @@ rules decide across nodes from every rank's `llmmon_nccl_inflight_collective_inf
 from __future__ import annotations
 
 from collections import Counter
-from typing import AbstractSet, Any, Callable
+from typing import AbstractSet, Any, Callable, Iterable
 
 from llmmon.ranks import collectives
-from llmmon.ranks.ledger import Enqueued
+from llmmon.ranks.ledger import Enqueued, RankTrack
 from llmmon.ranks.spans import spans_text
 
 
@@ -32,10 +32,17 @@ def compared(entry: Enqueued) -> str:
 HISTORY = 64  # earlier sequence numbers of the group a tie is judged against
 
 
+def before(tracks: Iterable[RankTrack], pg: str, seq: int) -> set[str]:
+    """What the group issued (`compared`) at its HISTORY sequence numbers before `seq`."""
+    return {compared(entry) for track in tracks
+            for entry in map(track.index.get(pg, {}).get, range(seq - HISTORY, seq))
+            if entry is not None}
+
+
 def find(seq: int, issued: dict[int, Enqueued], before: AbstractSet[str] = frozenset()
          ) -> dict[str, Any] | None:
     """The desync at `seq` among the ranks that issued it (rank -> its entry), or None;
-    `before`: what the group issued (`compared`) at its HISTORY sequence numbers before."""
+    `before`: what the group issued before it (`before()`)."""
     seen = {rank: compared(entry) for rank, entry in issued.items()}
     counts = Counter(seen.values()).most_common()
     if len(counts) < 2:

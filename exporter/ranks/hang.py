@@ -110,10 +110,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
     stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
     issued = {t.state.identity.rank: c for t, c in zip(members, created) if c is not None}
-    found = desync.find(frontier, issued, {
-        desync.compared(entry) for t in members
-        for entry in map(t.index.get(pg, {}).get, range(frontier - desync.HISTORY, frontier))
-        if entry is not None}) if op else None
+    found = desync.find(frontier, issued, desync.before(members, pg, frontier)) if op else None
     shown = bool(op) and (stalled_for >= ISSUED_AFTER or job.end is not None)
     learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
     gap = slowdown.group_pace(members, pg, now)
@@ -231,13 +228,15 @@ def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
         pgs = sorted({pg for t in tracks for pg in t.state.progress})
         groups = [_group_json(job_id, job, pg, now, limits) for pg in pgs]
         up = [t for t in tracks if t.age(now) <= stale_after]
-        lags = {pg: ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg)
-                for pg in pgs}
+        lags = {pg: lag for pg in pgs
+                if (lag := ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg))}
         loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
         jobs.append({"job_id": job_id,
                      "ranks": [_rank_json(job, t, now, limits) for t in tracks],
                      "groups": groups,
                      "end": job.end,
+                     "enqueue_lag": {pg: {str(r): v for r, v in lag.items()}
+                                     for pg, lag in lags.items()},
                      "slowdown": None if job.end else slowdown.verdict(job_id, groups, lags,
                                                                        loss),
                      "stalled_groups": [g["pg"] for g in groups if g["stalled"]]})

@@ -54,10 +54,10 @@ class _Namespace:
 
 
 class TcpWatch:
-    def __init__(self, procfs: RootedFS, own: RootedFS | None = None) -> None:
+    def __init__(self, procfs: RootedFS) -> None:
         self.procfs = procfs
         try:  # the daemon's own namespace: a job in it (hostNetwork) is labelled `host`
-            self._own = tcpstats.namespace(own or RootedFS("/proc"), "self")
+            self._own = tcpstats.namespace(RootedFS("/proc"), "self")
         except SourceError:
             self._own = ""
         self._jobs: dict[str, dict[str, _Namespace]] = {}

@@ -117,11 +117,8 @@ def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int,
     text = (f"job {job_id} runs {gap['ratio']:.1f}x slower than its own pace: group "
             f"{group['pg']} enqueues a collective every {gap['recent_seconds']:.2f} s, every "
             f"{gap['baseline_seconds']:.2f} s before, and every local rank enters them on time")
-    lossy = loss is not None and loss.share >= LOSS_SHARE \
-        and loss.retransmitted >= MIN_RETRANSMITTED
     cause = None
-    if lossy:
-        assert loss is not None
+    if loss is not None and loss.share >= LOSS_SHARE and loss.retransmitted >= MIN_RETRANSMITTED:
         cause = (f"{text}; {loss.share:.1%} of the TCP segments sent in the network namespace "
                  f"of {loss.netns} were retransmitted over the last {loss.seconds:.0f} s "
                  f"({loss.retransmitted} of {loss.sent}): suspect the network between the "
