@@ -14,7 +14,9 @@ with torch's own ring read timed alone as ring-read: without the GIL where the r
 the C++ dump itself (`native`), else one binding call that holds it; in-flight:
 the read of the records not yet final, which a healthy job never takes, so a helper thread
 calls it at the in-flight cadence to show its cost). The stall a tick adds is
-the longest main-thread gap overlapping it minus the median gap of the run without a reporter;
+the longest main-thread gap overlapping it minus the median gap of the run without a reporter
+(and the reporter thread's CPU time in it: a ring tick's minus torch's ring read's is the Python
+work that holds the GIL);
 its floor is the same measure over the same windows laid on the run without a reporter (the
 loop's own pauses: garbage collection, the OS).  The step-time overhead compares two phases run
 one after the other, so it carries the machine's drift between them.
@@ -22,7 +24,11 @@ Prints a table (p99 and max per tick kind, step-time overhead) and writes
 bench/results/trainer_jitter.json. Targets (issue: performance): at p99 no tick adds more than
 1 ms to the main thread, at most 5 ms at max, step-time overhead under 0.2 %.
 
-    python bench/trainer_jitter.py [--seconds 65] [--loops python,gloo]
+    python bench/trainer_jitter.py [--seconds 65] [--loops python,gloo] [--entries-interval 20]
+
+At the default cadence a 65 s phase holds three ring ticks, so its "p99" is their maximum;
+`--entries-interval 1` gives ~60 ring ticks a phase, the same read each time, for a p99 that
+is one.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(RING))
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(RING))
 
 
+from llmmon_reporter.worker import Cadence  # noqa: E402 (after the ring size is set)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -56,16 +65,18 @@ class Ticks:
 
     def __init__(self) -> None:
         self.spans: list[tuple[str, float, float]] = []
+        self.cpu: dict[float, float] = {}  # a span's start -> its thread's CPU seconds in it
         self.lock = threading.Lock()
 
     def wrap(self, kind: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 return call(*args, **kwargs)
             finally:
                 with self.lock:
                     self.spans.append((kind, started, time.perf_counter()))
+                    self.cpu[started] = time.thread_time() - cpu
         return timed
 
 
@@ -119,13 +130,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=65.0,
                         help="per phase and loop (default 65: three ring ticks)")
     parser.add_argument("--loops", default="python,gloo")
+    parser.add_argument("--entries-interval", type=float, default=Cadence.entries,
+                        help="seconds between ring ticks (default the reporter's 20; a shorter "
+                        "one gives enough ring ticks for a p99: each costs the same, the whole "
+                        "ring is read whatever is new)")
+    parser.add_argument("--whole-ring", action="store_true",
+                        help="decode every record of each ring read, as the reporter did before "
+                        "it skipped to the first record not yet shipped (a before/after run)")
     args = parser.parse_args()
+    if args.whole_ring:
+        from llmmon_reporter import entrylog
+        entrylog._Selection.seek = lambda self, text, pos: pos  # type: ignore[method-assign]
 
     import torch
     import torch.distributed as dist
 
     from llmmon_reporter.stepstats import StepStats
-    from llmmon_reporter.worker import Cadence, Reporter
+    from llmmon_reporter.worker import Reporter
 
     work_dir = tempfile.mkdtemp(prefix="llmmon-jitter-")
     dist.init_process_group("gloo", init_method=f"file://{work_dir}/store", rank=0,
@@ -145,7 +166,7 @@ def main() -> None:
             dist.all_reduce(param.grad)
 
     loops = {"python": python_work, "gloo": gloo_work}
-    cadence = Cadence()
+    cadence = Cadence(entries=args.entries_interval)
     results: dict[str, Any] = {"torch": torch.__version__, "ring": RING,
                                "native": os.environ.get("LLMMON_REPORTER_NATIVE", "1") != "0",
                                "cadence_s": {"status": cadence.status,
@@ -190,28 +211,35 @@ def main() -> None:
         floors = stalls(off, [(kind, start - on[0] + off[0], end - on[0] + off[0])
                               for kind, start, end in spans], baseline)
         durations: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
         for kind, start, end in spans:
             durations.setdefault(kind, []).append(end - start)
+            cpu.setdefault(kind, []).append(ticks.cpu[start])
         off_s, on_s = summary(off), summary(on)
         results["loops"][name] = {
             "without": off_s, "with": on_s,
             "overhead_pct": (on_s["mean_ms"] / off_s["mean_ms"] - 1) * 100,
             "ticks": {kind: {"count": len(values),
+                             "stall_median_ms": statistics.median(values) * 1e3,
+                             "stall_p90_ms": percentile(values, 0.90) * 1e3,
                              "stall_p99_ms": percentile(values, 0.99) * 1e3,
                              "stall_max_ms": max(values) * 1e3,
                              "floor_p99_ms": percentile(floors[kind], 0.99) * 1e3,
                              "floor_max_ms": max(floors[kind]) * 1e3,
-                             "tick_median_ms": statistics.median(durations[kind]) * 1e3}
+                             "tick_median_ms": statistics.median(durations[kind]) * 1e3,
+                             "cpu_median_ms": statistics.median(cpu[kind]) * 1e3}
                       for kind, values in kinds.items()}}
     dist.destroy_process_group()
 
-    print(f"{'loop':8}{'tick kind':12}{'ticks':>6}{'tick med':>10}{'stall p99':>11}"
+    print(f"{'loop':8}{'tick kind':12}{'ticks':>6}{'tick med':>10}{'cpu med':>9}{'stall med':>11}"
+          f"{'stall p90':>11}{'stall p99':>11}"
           f"{'stall max':>11}{'floor p99':>11}{'floor max':>11}"
           "   (ms; targets p99 <= 1, max <= 5)")
     for name, loop in results["loops"].items():
         for kind, tick in sorted(loop["ticks"].items()):
             print(f"{name:8}{kind:12}{tick['count']:>6}{tick['tick_median_ms']:>10.2f}"
-                  f"{tick['stall_p99_ms']:>11.2f}{tick['stall_max_ms']:>11.2f}"
+                  f"{tick['cpu_median_ms']:>9.2f}{tick['stall_median_ms']:>11.2f}"
+                  f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}{tick['stall_max_ms']:>11.2f}"
                   f"{tick['floor_p99_ms']:>11.2f}{tick['floor_max_ms']:>11.2f}")
         print(f"{name:8}{'gaps':12} without: median {loop['without']['median_ms']:.3f} p99 "
               f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "

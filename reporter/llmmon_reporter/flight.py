@@ -72,7 +72,7 @@ class FlightRecorder:
         this process (never a file), so unpickling it trusts nothing it did not already."""
         if self._native is not None:
             blob = self._native(includeCollectives=True, onlyActive=only_active)
-            return pace.decode(blob, self._pace, keep=keep)
+            return pace.decode(blob, self._pace, keep=keep, seek=getattr(keep, "seek", None))
         if self._pickled is not None:
             doc = pickle.loads(self._pickled(includeCollectives=True, includeStackTraces=False,
                                              onlyActive=only_active))

@@ -21,6 +21,9 @@ BUDGET = 0.0005  # seconds of work between pauses
 PAUSE = 0.0002  # long enough for a thread woken by the released GIL to take it
 
 Keep = Callable[[Any], Any]  # an element -> what to keep of it, or None to drop it
+# (the text, the position after the array's first element) -> where to go on decoding: a later
+# element's start, which skips the elements between unread, or the position it was given
+Seek = Callable[[str, int], int]
 _decoder = json.JSONDecoder()
 _WHITESPACE = json.decoder.WHITESPACE  # type: ignore[attr-defined]
 
@@ -62,11 +65,12 @@ def _take(item: Any, keep: Keep | None, kept: list[Any], pace: Pace | None) -> N
 
 
 def decode(blob: bytes, pace: Pace, array: str = "entries",
-           keep: Keep | None = None) -> dict[str, Any]:
+           keep: Keep | None = None, seek: Seek | None = None) -> dict[str, Any]:
     """A JSON object whose `array` member is decoded one element at a time, with `pace`
     between elements, and holds what `keep` makes of each (None: dropped; no `keep`: the
-    element); each decoded element is freed before the next.  The other members are decoded
-    whole (they are small).  Raises ValueError on anything that is not such an object."""
+    element); each decoded element is freed before the next.  After the first element `seek`
+    may skip elements unread (see `Seek`).  The other members are decoded whole (they are
+    small).  Raises ValueError on anything that is not such an object."""
     text = blob.decode()
     doc: dict[str, Any] = {}
     pos = _skip(text, 0)
@@ -79,7 +83,7 @@ def decode(blob: bytes, pace: Pace, array: str = "entries",
             raise ValueError(f"object key expected at {pos}")
         pos = _expect(text, pos, ":")
         if key == array and text[pos:pos + 1] == "[":
-            doc[key], pos = _array(text, pos, pace, keep)
+            doc[key], pos = _array(text, pos, pace, keep, seek)
         else:
             doc[key], pos = _decoder.raw_decode(text, pos)
         pos = _skip(text, pos)
@@ -88,18 +92,37 @@ def decode(blob: bytes, pace: Pace, array: str = "entries",
         pos = _expect(text, pos, ",")
 
 
-def _array(text: str, pos: int, pace: Pace, keep: Keep | None) -> tuple[list[Any], int]:
+def _array(text: str, pos: int, pace: Pace, keep: Keep | None,
+           seek: Seek | None) -> tuple[list[Any], int]:
     kept: list[Any] = []
     pos = _expect(text, pos, "[")
     if text[pos:pos + 1] == "]":
         return kept, pos + 1
+    first = True
     while True:
         item, pos = _decoder.raw_decode(text, pos)
         _take(item, keep, kept, pace)
         pos = _skip(text, pos)
         if text[pos:pos + 1] == "]":
             return kept, pos + 1
-        pos = _expect(text, pos, ",")
+        moved = seek(text, pos) if first and seek is not None else pos
+        pos = moved if moved != pos else _expect(text, pos, ",")
+        first = False
+
+
+def element_at(text: str, start: int) -> Any:
+    """The JSON value starting at `start` if `start` begins an element of an array (the last
+    character before it, whitespace aside, is a comma), else None: a `Seek` checks its guess
+    with it (a guess inside a string decodes to nothing or to the wrong value)."""
+    before = start - 1
+    while before >= 0 and text[before] in " \t\n\r":
+        before -= 1
+    if before < 0 or text[before] != ",":
+        return None
+    try:
+        return _decoder.raw_decode(text, start)[0]
+    except ValueError:
+        return None
 
 
 def _skip(text: str, pos: int) -> int:

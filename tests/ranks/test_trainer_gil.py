@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmmon_reporter import pace
+from llmmon_reporter import entrylog, pace
 from tests.conftest import ROOT
 from tests.ranks.jobs import base_env
 
@@ -46,6 +46,18 @@ out["native"], out["pickled_native"] = recorder.native, pickled.native
 ring = lambda fr: json.loads(json.dumps(fr.ring(entrylog.project)["entries"]))
 out["ring_same"] = ring(recorder) == ring(pickled)
 out["records"] = len(ring(recorder))
+class Counted(entrylog._Selection):  # a ring tick's selection, counting the records it decodes
+    decoded = 0
+    def __call__(self, entry):
+        self.decoded += 1
+        return super().__call__(entry)
+last = max(e["record_id"] for e in json.loads(binding(includeCollectives=True,
+                                                      onlyActive=False))["entries"])
+ticked, sifted = Counted(last - 10), Counted(last - 10)
+out["tick_new"] = recorder.ring(ticked)["entries"] == pickled.ring(sifted)["entries"]
+out["tick_ids"] = [ticked.first, ticked.last, ticked.pending] == \
+    [sifted.first, sifted.last, sifted.pending]
+out["tick_decoded"], out["sift_decoded"] = ticked.decoded, sifted.decoded
 
 sys.setswitchinterval(1.0)  # a thread holding the GIL keeps it for up to a second
 count, stop, running = [0], threading.Event(), threading.Event()
@@ -73,7 +85,7 @@ import json, os, sys, tempfile, threading, time
 import torch, torch.distributed as dist
 from llmmon_reporter.stepstats import StepStats
 from llmmon_reporter.worker import Cadence, Reporter
-from llmmon_reporter import pace
+from llmmon_reporter import entrylog, pace
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0,
                         world_size=1)
 for _ in range(int(os.environ["TORCH_FR_BUFFER_SIZE"]) + 100):
@@ -118,6 +130,10 @@ def test_the_native_dump_answers_what_the_binding_does_without_holding_the_gil(
     assert out["off"], "LLMMON_REPORTER_NATIVE=0 must leave the native dump out"
     assert out["same"] and out["ring_same"] and out["records"] == 2000
     assert out["native"] and not out["pickled_native"]
+    # A tick after 10 new records decodes the first record, the last one shipped and the 10
+    # from torch's own dump, not the 2,000 of the ring, and keeps what reading them all keeps.
+    assert out["tick_new"] and out["tick_ids"]
+    assert (out["tick_decoded"], out["sift_decoded"]) == (12, 2000)
     # Another thread ran while the native dump did; none while the binding did (which is why).
     assert out["spun_native"] > 0
     assert out["spun_binding"] == 0
@@ -161,6 +177,63 @@ def test_decode_keeps_only_what_keep_makes_of_each_record() -> None:
     ids = pace.decode(blob, pace.Pace(), keep=lambda e: e["record_id"] % 2 or None)
     assert ids["entries"] == [e["record_id"] % 2 for e in whole["entries"] if e["record_id"] % 2]
     assert ids["pg_status"] == whole["pg_status"]
+
+
+def _ring(records: list[dict]) -> bytes:
+    """A ring as torch's C++ dump writes it: compact, keys sorted (nlohmann::json)."""
+    return json.dumps({"entries": records, "pg_status": {"0": {"last_enqueued_collective": 1}},
+                       "version": "2.10"}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _records(ids: list[int]) -> list[dict]:
+    """The H200 capture's records, renumbered to `ids` (torch numbers records one by one)."""
+    capture = json.loads(H200_DUMP.read_text())["trace"]
+    records = capture["entries_head"] + capture["entries_tail"]
+    return [{**records[i % len(records)], "record_id": record} for i, record in enumerate(ids)]
+
+
+def _tick(blob: bytes, after: int) -> tuple[list, list, int]:
+    """What a ring tick ships after `after` (records, [first, last, pending]) and how many
+    records it decoded (a pause after each: the clock moves a second a call)."""
+    clock = iter(range(10**6)).__next__
+    counted = pace.Pace(budget=1, pause=0, clock=lambda: float(clock()))
+    selection = entrylog._Selection(after)
+    kept = pace.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
+    return kept, [selection.first, selection.last, selection.pending], counted.pauses
+
+
+def _sifted(blob: bytes, after: int) -> tuple[list, list]:
+    selection = entrylog._Selection(after)
+    kept = pace.sift(json.loads(blob)["entries"], selection, None)
+    return kept, [selection.first, selection.last, selection.pending]
+
+
+def test_a_ring_tick_decodes_only_the_records_after_those_it_shipped() -> None:
+    records = _records(list(range(500, 700)))
+    records[195].update(state="started", retired=False, duration_ms=None)  # still in flight
+    blob = _ring(records)
+    kept, ids, decoded = _tick(blob, 689)
+    assert (kept, ids) == _sifted(blob, 689)
+    assert ids == [500, 699, [695]] and len(kept) == 10
+    assert decoded == 12  # the first record, then 689-699; not the 188 between
+    assert _tick(blob, 699) == ([], [500, 699, []], 2)  # nothing new: two records read
+    assert _tick(blob, 400)[2] == 200  # everything is new: everything is read
+
+
+@pytest.mark.parametrize("case", ["a brace in a string", "a gap in the ids", "spaced"])
+def test_a_ring_tick_whose_guess_fails_reads_every_record_and_ships_the_same(case: str) -> None:
+    ids = list(range(500, 700)) if case != "a gap in the ids" else \
+        [*range(500, 689), *range(690, 701)]
+    records = _records(ids)
+    # a record's own string holding a brace (before its id: keys are sorted) misleads the
+    # guess of where the record starts; so would a string that spells another record's key
+    records[188]["profiling_name"] = 'x{"record_id":689,'
+    records[189]["process_group"] = ["0", "desc,{ with braces }"]
+    blob = _ring(records) if case != "spaced" else json.dumps(
+        {"entries": records, "version": "2.10"}, indent=1).encode()
+    kept, ids_seen, decoded = _tick(blob, 689)
+    assert (kept, ids_seen) == _sifted(blob, 689)
+    assert decoded == 200
 
 
 @pytest.mark.parametrize("blob", [b'{ "entries" : [ {"a": 1} , {"b": [2]} ] , "v": "x" }',
