@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -44,19 +44,24 @@ def find_binary(*names: str) -> str | None:
     return next((path for path in map(shutil.which, names) if path), None)
 
 
-def rules_dir(work: Path, for_override: str | None) -> Path:
-    """The shipped rule files, or a render of them with every `for:` replaced."""
+def rules_dir(work: Path, for_override: str | None,
+              thresholds: Mapping[str, object] | None = None) -> Path:
+    """The shipped rule files, or a render of them with every `for:` replaced and
+    `thresholds` (alerts/config.yaml names) set."""
     shipped = ALERTS / "rules"
     if not shipped.is_dir():
         raise StackError(f"{shipped} not found: run from an llmmon checkout")
-    if for_override is None:
+    if for_override is None and not thresholds:
         return shipped
     out = work / "rules"
-    result = subprocess.run([sys.executable, "-m", "alerts.render", "--out", str(out),
-                             "--for-override", for_override], cwd=CHECKOUT,
-                            capture_output=True, text=True, timeout=60, check=False)
+    args = ["--for-override", for_override] if for_override is not None else []
+    for name, value in (thresholds or {}).items():
+        args += ["--set", f"{name}={value}"]
+    result = subprocess.run([sys.executable, "-m", "alerts.render", "--out", str(out), *args],
+                            cwd=CHECKOUT, capture_output=True, text=True, timeout=60,
+                            check=False)
     if result.returncode != 0:
-        raise StackError(f"alerts.render --for-override {for_override}: {result.stderr.strip()}")
+        raise StackError(f"alerts.render {' '.join(args)}: {result.stderr.strip()}")
     return out
 
 
