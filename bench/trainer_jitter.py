@@ -44,13 +44,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from llmmon_reporter.worker import Cadence
+
 ROOT = Path(__file__).resolve().parent.parent
 RING = 2000
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(RING))
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(RING))
-
-
-from llmmon_reporter.worker import Cadence  # noqa: E402 (after the ring size is set)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -231,7 +230,8 @@ def main() -> None:
                       for kind, values in kinds.items()}}
     dist.destroy_process_group()
 
-    print(f"{'loop':8}{'tick kind':12}{'ticks':>6}{'tick med':>10}{'cpu med':>9}{'stall med':>11}"
+    print(f"{'loop':8}{'tick kind':12}{'ticks':>6}{'tick med':>10}{'cpu med':>9}"
+          f"{'stall med':>11}"
           f"{'stall p90':>11}{'stall p99':>11}"
           f"{'stall max':>11}{'floor p99':>11}{'floor max':>11}"
           "   (ms; targets p99 <= 1, max <= 5)")
@@ -239,7 +239,8 @@ def main() -> None:
         for kind, tick in sorted(loop["ticks"].items()):
             print(f"{name:8}{kind:12}{tick['count']:>6}{tick['tick_median_ms']:>10.2f}"
                   f"{tick['cpu_median_ms']:>9.2f}{tick['stall_median_ms']:>11.2f}"
-                  f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}{tick['stall_max_ms']:>11.2f}"
+                  f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}"
+                  f"{tick['stall_max_ms']:>11.2f}"
                   f"{tick['floor_p99_ms']:>11.2f}{tick['floor_max_ms']:>11.2f}")
         print(f"{name:8}{'gaps':12} without: median {loop['without']['median_ms']:.3f} p99 "
               f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "

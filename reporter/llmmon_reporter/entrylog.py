@@ -93,10 +93,7 @@ class _Selection:
             key = text.find(f'"record_id":{wanted}}}', pos)
         start = text.rfind("{", pos, key) if key >= 0 else -1
         found = pace.element_at(text, start) if start >= 0 else None
-        if not (isinstance(found, dict) and found.get("record_id") == wanted):
-            return pos
-        self.first, self.last = min(self.first, wanted - 1), max(self.last, wanted - 1)
-        return start
+        return start if isinstance(found, dict) and found.get("record_id") == wanted else pos
 
 
 class EntryLog:

@@ -98,16 +98,15 @@ def _array(text: str, pos: int, pace: Pace, keep: Keep | None,
     pos = _expect(text, pos, "[")
     if text[pos:pos + 1] == "]":
         return kept, pos + 1
-    first = True
     while True:
         item, pos = _decoder.raw_decode(text, pos)
         _take(item, keep, kept, pace)
         pos = _skip(text, pos)
         if text[pos:pos + 1] == "]":
             return kept, pos + 1
-        moved = seek(text, pos) if first and seek is not None else pos
+        moved = seek(text, pos) if seek is not None else pos
         pos = moved if moved != pos else _expect(text, pos, ",")
-        first = False
+        seek = None  # after the first element only
 
 
 def element_at(text: str, start: int) -> Any:

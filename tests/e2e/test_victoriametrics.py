@@ -6,8 +6,9 @@ here, as test_paging starts its own) and the shipped VictoriaMetrics path (deplo
 compose.yaml: VictoriaMetrics, two vmagent shards, vmalert) watch them, each notifying its own
 Alertmanager with the shipped routing.  The commands are the compose file's own, only the
 host:port addresses and paths mapped to this machine, and the 15 s scrape and evaluation
-intervals cut to 1 s (the rules' `for:` cut to 5 s, the hang window to 30 s).  The page must be the same: same labels,
-same rendered description; every node is scraped by exactly one vmagent shard.
+intervals cut to 1 s (the rules' `for:` cut to 5 s, the hang window to 30 s).  The page must
+be the same: same labels, same rendered description; every node is scraped by exactly one
+vmagent shard.
 """
 
 from __future__ import annotations
