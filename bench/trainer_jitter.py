@@ -1,41 +1,50 @@
 """Trainer jitter: how long the reporter thread holds up the training (main) thread, per tick kind.
 
 Synchronous training amplifies jitter: one rank held up by tens of milliseconds delays every
-step of the job. This bench runs a training loop that timestamps every iteration, first without
-and then with a reporter thread at its default cadences over a 2,000-entry Flight Recorder ring
-(one-rank gloo job on the CPU build of torch), in the same process, side by side:
+step of the job. This bench runs a training loop that timestamps every iteration while a
+reporter thread at its default cadences works over a 2,000-entry Flight Recorder ring (one-rank
+gloo job on the CPU build of torch), in the same process:
 
 - `python` loop: a fixed pure-Python work unit (~0.5 ms), the worst case for GIL hand-offs;
 - `gloo` loop: a small step (Linear forward/backward, all_reduce of the gradients).
 
+The loop's time is cut into blocks (`--block`, 5 s) that cycle off, on, control: the reporter
+ticks only in `on` blocks; in `control` blocks a thread at the reporter's priority does, at the
+ring cadence, CPU work that holds no GIL and lasts as long as torch's ring dump (a sha256 of a
+calibrated buffer): what any C work beside the loop costs it on this machine, whoever does it.
+Each block is compared with the `off` block of its cycle, a few seconds away, so the machine's
+drift between two long phases does not enter the step-time overhead.
+
 The reporter's ticks are timed on its own thread (status: a tick that dumps the status and
 writes the state file; ring: a tick that also reads the ring and appends to the entries log,
 with torch's own ring read timed alone as ring-read: without the GIL where the reporter calls
-the C++ dump itself (`native`), else one binding call that holds it; in-flight:
-the read of the records not yet final, which a healthy job never takes, so a helper thread
-calls it at the in-flight cadence to show its cost). The stall a tick adds is
-the longest main-thread gap overlapping it minus the median gap of the run without a reporter
-(and the reporter thread's CPU time in it: a ring tick's minus torch's ring read's is the Python
-work that holds the GIL);
-its floor is the same measure over the same windows laid on the run without a reporter (the
-loop's own pauses: garbage collection, the OS).  The step-time overhead compares two phases run
-one after the other, so it carries the machine's drift between them.
-Prints a table (p99 and max per tick kind, step-time overhead) and writes
-bench/results/trainer_jitter.json. Targets (issue: performance): at p99 no tick adds more than
-1 ms to the main thread, at most 5 ms at max, step-time overhead under 0.2 %.
+the C++ dump itself (`native`), else one binding call that holds it; in-flight: the read of the
+records not yet final, which a healthy job never takes, so a helper thread calls it at the
+in-flight cadence to show its cost). The stall a call adds is the longest main-thread gap
+overlapping it minus the median gap of the off blocks (and the calling thread's CPU time in it:
+a ring tick's minus torch's ring read's is the Python work that holds the GIL, and summed over
+the ticks it bounds what the GIL can take from the loop); its floor is the same measure over
+the same window laid on the off block of its cycle (the loop's own pauses: garbage collection,
+the OS). Prints a table and writes bench/results/trainer_jitter.json. Targets (issue:
+performance): at p99 no tick adds more than 1 ms to the main thread, at most 5 ms at max,
+step-time overhead under 0.2 %.
 
-    python bench/trainer_jitter.py [--seconds 65] [--loops python,gloo] [--entries-interval 20]
+    python bench/trainer_jitter.py [--seconds 65] [--block 5] [--loops python,gloo]
+                                   [--entries-interval 20]
 
-At the default cadence a 65 s phase holds three ring ticks, so its "p99" is their maximum;
-`--entries-interval 1` gives ~60 ring ticks a phase, the same read each time, for a p99 that
-is one.
+At the default cadence 65 s of on blocks hold three ring ticks, so their "p99" is their
+maximum; `--entries-interval 1` gives a ring tick every on-block second, the same read each
+time, for a p99 that is one.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import hashlib
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -44,7 +53,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from llmmon_reporter.worker import Cadence
+from llmmon_reporter.stepstats import StepStats
+from llmmon_reporter.worker import Cadence, Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
 RING = 2000
@@ -59,34 +69,97 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _user_seconds() -> float:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_utime
+
+
 class Ticks:
     """(kind, start, end) of every timed reporter call, on the perf_counter clock."""
 
     def __init__(self) -> None:
         self.spans: list[tuple[str, float, float]] = []
         self.cpu: dict[float, float] = {}  # a span's start -> its thread's CPU seconds in it
+        self.user: dict[float, float] = {}  # ... of them in user space (syscalls drop the GIL)
         self.lock = threading.Lock()
 
     def wrap(self, kind: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started, cpu = time.perf_counter(), time.thread_time()
+            started, cpu, user = time.perf_counter(), time.thread_time(), _user_seconds()
             try:
                 return call(*args, **kwargs)
             finally:
                 with self.lock:
                     self.spans.append((kind, started, time.perf_counter()))
                     self.cpu[started] = time.thread_time() - cpu
+                    self.user[started] = _user_seconds() - user
         return timed
 
 
-def run_loop(work: Callable[[], None], seconds: float) -> list[float]:
-    """Timestamps of every iteration's end for `seconds`."""
-    stamps = [time.perf_counter()]
-    deadline = stamps[0] + seconds
-    while stamps[-1] < deadline:
-        work()
-        stamps.append(time.perf_counter())
-    return stamps
+def machine_cpu() -> tuple[int, int]:
+    """The machine's (steal, all) CPU jiffies so far: a virtual machine's hypervisor takes its
+    vCPUs away (steal) most when the guest keeps them all busy."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+class Blocks:
+    """The loop's time cut into blocks that cycle off, on, control: the reporter ticks only in
+    `on` blocks, the control thread works only in `control` blocks, and neither starts work
+    within MARGIN of its block's end.  Adjacent blocks see the same machine, so comparing a
+    block with the `off` block of its cycle cancels the drift that two long phases carry."""
+
+    KINDS = ("off", "on", "control")
+    MARGIN = 0.5  # seconds: a tick or control call started later would run into the next block
+
+    def __init__(self) -> None:
+        self.kind = "on"  # while the reporter connects, before the loop
+        self.until = float("inf")
+        self.spans: list[tuple[str, int, int, float]] = []  # (kind, first stamp, last, start)
+        self.cpu: dict[str, list[int]] = {}  # kind -> the machine's [steal, all] jiffies in it
+
+    def only(self, kind: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            if self.kind == kind and time.perf_counter() < self.until - self.MARGIN:
+                return call(*args, **kwargs)
+            return None
+        return gated
+
+    def run(self, work: Callable[[], None], seconds: float, block: float) -> list[float]:
+        """Timestamps of every iteration's end over `seconds` of each kind of block."""
+        stamps = [time.perf_counter()]
+        for _ in range(max(1, round(seconds / block))):
+            for kind in self.KINDS:
+                first, self.kind = len(stamps) - 1, kind
+                self.until = stamps[-1] + block
+                before = machine_cpu()
+                while stamps[-1] < self.until:
+                    work()
+                    stamps.append(time.perf_counter())
+                self.spans.append((kind, first, len(stamps) - 1, stamps[first]))
+                after, total = machine_cpu(), self.cpu.setdefault(kind, [0, 0])
+                total[0] += after[0] - before[0]
+                total[1] += after[1] - before[1]
+        self.kind = "done"
+        return stamps
+
+    def of(self, t: float) -> tuple[str, float, int] | None:
+        """(kind, start, cycle) of the block that holds time `t`."""
+        for i, (kind, _, _, start) in enumerate(self.spans):
+            following = self.spans[i + 1][3] if i + 1 < len(self.spans) else float("inf")
+            if start <= t < following:
+                return kind, start, i // len(self.KINDS)
+        return None
+
+    def shift_to_off(self, start: float, end: float) -> tuple[float, float]:
+        """The same window laid on the `off` block of its cycle (same offset in the block)."""
+        _, block_start, cycle = self.of(start)  # type: ignore[misc]
+        off_start = self.spans[cycle * len(self.KINDS)][3]
+        return start - block_start + off_start, end - block_start + off_start
+
+    def gaps(self, stamps: list[float], kind: str) -> list[list[float]]:
+        """Per cycle, the iteration gaps of its block of `kind`."""
+        return [[b - a for a, b in zip(stamps[first:last], stamps[first + 1:last + 1])]
+                for k, first, last, _ in self.spans if k == kind]
 
 
 def classify(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
@@ -109,25 +182,148 @@ def stalls(stamps: list[float], spans: list[tuple[str, float, float]],
     """Per tick kind, the main-thread delay beyond the baseline gap during each of its ticks."""
     out: dict[str, list[float]] = {}
     for kind, start, end in spans:
-        worst = 0.0
-        for before, after in zip(stamps, stamps[1:]):
-            if after >= start and before <= end:
-                worst = max(worst, after - before - baseline)
-        out.setdefault(kind, []).append(max(worst, 0.0))
+        first = max(bisect.bisect_left(stamps, start) - 1, 0)
+        last = min(bisect.bisect_right(stamps, end) + 1, len(stamps))
+        worst = max((b - a for a, b in zip(stamps[first:last], stamps[first + 1:last])),
+                    default=0.0)
+        out.setdefault(kind, []).append(max(worst - baseline, 0.0))
     return out
 
 
-def summary(stamps: list[float]) -> dict[str, float]:
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+def summary(gaps: list[float]) -> dict[str, float]:
     return {"iterations": len(gaps), "mean_ms": statistics.fmean(gaps) * 1e3,
             "median_ms": statistics.median(gaps) * 1e3, "p99_ms": percentile(gaps, 0.99) * 1e3,
             "max_ms": max(gaps) * 1e3}
 
 
+def overhead(blocks: Blocks, stamps: list[float], kind: str) -> dict[str, float]:
+    """Per cycle, the mean gap of its `kind` block against its `off` block's (%): median and
+    quartiles over the cycles, and the pooled figure."""
+    pairs = list(zip(blocks.gaps(stamps, "off"), blocks.gaps(stamps, kind)))
+    ratios = sorted((statistics.fmean(b) / statistics.fmean(a) - 1) * 100 for a, b in pairs)
+    pooled = statistics.fmean([g for _, b in pairs for g in b]) \
+        / statistics.fmean([g for a, _ in pairs for g in a])
+    return {"pairs": len(ratios), "median_pct": statistics.median(ratios),
+            "p25_pct": percentile(ratios, 0.25), "p75_pct": percentile(ratios, 0.75),
+            "pooled_pct": (pooled - 1) * 100}
+
+
+def control_call(seconds: float) -> Callable[[], None]:
+    """CPU work that holds no GIL and lasts about `seconds` (one sha256 of a calibrated buffer):
+    what any other thread's C work, torch's dump or not, costs the loop on this machine."""
+    probe = bytes(8 << 20)
+    started = time.perf_counter()
+    hashlib.sha256(probe).digest()
+    size = max(1 << 16, int(len(probe) * seconds / (time.perf_counter() - started)))
+    buffer = bytes(size)
+    return lambda: hashlib.sha256(buffer).digest() and None
+
+
+def measure(work: Callable[[], None], seconds: float, block: float,
+            cadence: Cadence) -> dict[str, Any]:
+    """One loop over `seconds` of each kind of block, with a reporter ticking in `on` blocks
+    and the control in `control` blocks."""
+    ticks, blocks = Ticks(), Blocks()
+    spool = tempfile.mkdtemp(prefix="llmmon-jitter-spool-")
+    os.environ.update(LLMMON_JOB="jitter", RANK="0")
+    reporter = Reporter(spool, cadence, StepStats())
+    reporter.tick = blocks.only(  # type: ignore[method-assign]
+        "on", ticks.wrap("tick", reporter.tick))
+    reporter._write_entries = ticks.wrap(  # type: ignore[method-assign]
+        "ring-write", reporter._write_entries)
+    reporter.start()
+    while reporter._session is None:  # connected: the first tick ran
+        time.sleep(0.05)
+    flight = reporter._session.flight
+    if flight.native:  # torch's one call: without the GIL, or through the binding
+        read_seconds = statistics.median(_timed(lambda: flight._native(True, False))
+                                         for _ in range(5))
+        flight._native = ticks.wrap("ring-read", flight._native)
+    else:
+        read_seconds = statistics.median(
+            _timed(lambda: flight._pickled(includeCollectives=True, includeStackTraces=False,
+                                           onlyActive=False)) for _ in range(5))
+        flight._pickled = ticks.wrap("ring-read", flight._pickled)
+    ticks.spans.clear()
+    active = blocks.only("on", ticks.wrap("in-flight", reporter._session.flight.active))
+    control = blocks.only("control", ticks.wrap("control", control_call(read_seconds)))
+    stop = threading.Event()
+
+    def helpers() -> None:  # the in-flight read at its cadence; the control at the ring's
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # as the reporter's
+        next_inflight = next_control = 0.0
+        while not stop.wait(cadence.status):
+            now = time.perf_counter()
+            if blocks.kind == "on" and now >= next_inflight and active() is not None:
+                next_inflight = now + cadence.inflight
+            if blocks.kind == "control" and now >= next_control and control() is not None:
+                next_control = now + cadence.entries
+
+    helper = threading.Thread(target=helpers, daemon=True)
+    helper.start()
+    stamps = blocks.run(work, seconds, block)
+    stop.set()
+    reporter.stop()
+    helper.join()
+    off_gaps = [g for gaps in blocks.gaps(stamps, "off") for g in gaps]
+    on_gaps = [g for gaps in blocks.gaps(stamps, "on") for g in gaps]
+    baseline = statistics.median(off_gaps)
+    # only calls wholly inside the block they started in
+    spans = []
+    for kind, start, end in classify(ticks.spans):
+        where = blocks.of(start)
+        if where is not None and blocks.of(end) == where:
+            spans.append((kind, start, end))
+    kinds = stalls(stamps, spans, baseline)
+    # The loop's own noise (GC, the OS): the same windows laid on the off block of their cycle
+    floors = stalls(stamps, [(kind, *blocks.shift_to_off(start, end))
+                             for kind, start, end in spans], baseline)
+    durations: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for kind, start, end in spans:
+        durations.setdefault(kind, []).append(end - start)
+        cpu.setdefault(kind, []).append(ticks.cpu[start])
+    on_seconds = sum(on_gaps)
+    # User-space CPU of the reporter's ticks outside torch's GIL-free dump: the most they held
+    # the GIL (Python releases it around the system calls that write the files)
+    reads = [(start, end) for kind, start, end in spans if kind == "ring-read"]
+    held = sum(ticks.user[start] - sum(ticks.user[s] for s, e in reads if start <= s and e <= end)
+               for kind, start, end in spans if kind in ("ring", "status"))
+    return {
+        "block_seconds": block, "without": summary(off_gaps), "with": summary(on_gaps),
+        "overhead": overhead(blocks, stamps, "on"),
+        "control_overhead": overhead(blocks, stamps, "control"),
+        "reporter_gil_bound_pct": held / on_seconds * 100 if flight.native else None,
+        "control_seconds": read_seconds,
+        "steal_pct": {kind: steal / max(total, 1) * 100
+                      for kind, (steal, total) in blocks.cpu.items()},
+        "ticks": {kind: {"count": len(values),
+                         "stall_median_ms": statistics.median(values) * 1e3,
+                         "stall_p90_ms": percentile(values, 0.90) * 1e3,
+                         "stall_p99_ms": percentile(values, 0.99) * 1e3,
+                         "stall_max_ms": max(values) * 1e3,
+                         "floor_p99_ms": percentile(floors[kind], 0.99) * 1e3,
+                         "floor_max_ms": max(floors[kind]) * 1e3,
+                         "tick_median_ms": statistics.median(durations[kind]) * 1e3,
+                         "cpu_median_ms": statistics.median(cpu[kind]) * 1e3,
+                         "user_median_ms": statistics.median(ticks.user[start] for k, start, _
+                                                             in spans if k == kind) * 1e3}
+                  for kind, values in kinds.items()}}
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=65.0,
-                        help="per phase and loop (default 65: three ring ticks)")
+                        help="per kind of block (off, on, control) and loop (default 65: three "
+                        "ring ticks)")
+    parser.add_argument("--block", type=float, default=5.0,
+                        help="seconds per block (default 5: 13 cycles of off, on, control)")
     parser.add_argument("--loops", default="python,gloo")
     parser.add_argument("--entries-interval", type=float, default=Cadence.entries,
                         help="seconds between ring ticks (default the reporter's 20; a shorter "
@@ -143,9 +339,6 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-
-    from llmmon_reporter.stepstats import StepStats
-    from llmmon_reporter.worker import Reporter
 
     work_dir = tempfile.mkdtemp(prefix="llmmon-jitter-")
     dist.init_process_group("gloo", init_method=f"file://{work_dir}/store", rank=0,
@@ -173,80 +366,36 @@ def main() -> None:
                                              "entries": cadence.entries},
                                "seconds": args.seconds, "loops": {}}
     for name in args.loops.split(","):
-        work = loops[name]
-        off = run_loop(work, args.seconds)
-        baseline = statistics.median(b - a for a, b in zip(off, off[1:]))
-        ticks = Ticks()
-        spool = tempfile.mkdtemp(prefix="llmmon-jitter-spool-")
-        os.environ.update(LLMMON_JOB="jitter", RANK="0")
-        reporter = Reporter(spool, cadence, StepStats())
-        reporter.tick = ticks.wrap("tick", reporter.tick)  # type: ignore[method-assign]
-        reporter._write_entries = ticks.wrap(  # type: ignore[method-assign]
-            "ring-write", reporter._write_entries)
-        reporter.start()
-        while reporter._session is None:  # connected: the first tick ran
-            time.sleep(0.05)
-        flight = reporter._session.flight
-        if flight.native:  # torch's one call: without the GIL, or through the binding
-            flight._native = ticks.wrap("ring-read", flight._native)
-        else:
-            flight._pickled = ticks.wrap("ring-read", flight._pickled)
-        active = ticks.wrap("in-flight", reporter._session.flight.active)
-        stop = threading.Event()
-
-        def inflight_ticks() -> None:
-            while not stop.wait(cadence.inflight):
-                active()
-
-        helper = threading.Thread(target=inflight_ticks, daemon=True)
-        helper.start()
-        on = run_loop(work, args.seconds)
-        stop.set()
-        reporter.stop()
-        # only ticks wholly inside the timed loop (the first tick, at connection, is not)
-        spans = [span for span in classify(ticks.spans) if on[0] <= span[1] and span[2] <= on[-1]]
-        kinds = stalls(on, spans, baseline)
-        # The loop's own noise (GC, the OS): the same windows laid on the run without a reporter
-        floors = stalls(off, [(kind, start - on[0] + off[0], end - on[0] + off[0])
-                              for kind, start, end in spans], baseline)
-        durations: dict[str, list[float]] = {}
-        cpu: dict[str, list[float]] = {}
-        for kind, start, end in spans:
-            durations.setdefault(kind, []).append(end - start)
-            cpu.setdefault(kind, []).append(ticks.cpu[start])
-        off_s, on_s = summary(off), summary(on)
-        results["loops"][name] = {
-            "without": off_s, "with": on_s,
-            "overhead_pct": (on_s["mean_ms"] / off_s["mean_ms"] - 1) * 100,
-            "ticks": {kind: {"count": len(values),
-                             "stall_median_ms": statistics.median(values) * 1e3,
-                             "stall_p90_ms": percentile(values, 0.90) * 1e3,
-                             "stall_p99_ms": percentile(values, 0.99) * 1e3,
-                             "stall_max_ms": max(values) * 1e3,
-                             "floor_p99_ms": percentile(floors[kind], 0.99) * 1e3,
-                             "floor_max_ms": max(floors[kind]) * 1e3,
-                             "tick_median_ms": statistics.median(durations[kind]) * 1e3,
-                             "cpu_median_ms": statistics.median(cpu[kind]) * 1e3}
-                      for kind, values in kinds.items()}}
+        results["loops"][name] = measure(loops[name], args.seconds, args.block, cadence)
     dist.destroy_process_group()
 
-    print(f"{'loop':8}{'tick kind':12}{'ticks':>6}{'tick med':>10}{'cpu med':>9}"
-          f"{'stall med':>11}"
-          f"{'stall p90':>11}{'stall p99':>11}"
-          f"{'stall max':>11}{'floor p99':>11}{'floor max':>11}"
-          "   (ms; targets p99 <= 1, max <= 5)")
+    print(f"{'loop':8}{'kind':12}{'count':>6}{'call med':>10}{'cpu med':>9}{'user med':>9}"
+          f"{'stall med':>11}{'stall p90':>11}{'stall p99':>11}{'stall max':>11}"
+          f"{'floor p99':>11}{'floor max':>11}   (ms; targets p99 <= 1, max <= 5)")
     for name, loop in results["loops"].items():
         for kind, tick in sorted(loop["ticks"].items()):
             print(f"{name:8}{kind:12}{tick['count']:>6}{tick['tick_median_ms']:>10.2f}"
-                  f"{tick['cpu_median_ms']:>9.2f}{tick['stall_median_ms']:>11.2f}"
+                  f"{tick['cpu_median_ms']:>9.2f}{tick['user_median_ms']:>9.2f}"
+                  f"{tick['stall_median_ms']:>11.2f}"
                   f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}"
                   f"{tick['stall_max_ms']:>11.2f}"
                   f"{tick['floor_p99_ms']:>11.2f}{tick['floor_max_ms']:>11.2f}")
         print(f"{name:8}{'gaps':12} without: median {loop['without']['median_ms']:.3f} p99 "
               f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "
               f"median {loop['with']['median_ms']:.3f} p99 {loop['with']['p99_ms']:.3f} max "
-              f"{loop['with']['max_ms']:.2f}; step-time overhead {loop['overhead_pct']:+.2f} % "
-              "(target < 0.2 %)")
+              f"{loop['with']['max_ms']:.2f}")
+        for label, key in (("reporter", "overhead"), ("control", "control_overhead")):
+            o = loop[key]
+            print(f"{name:8}{label:12} step-time overhead against the off block of each of "
+                  f"{o['pairs']} cycles: median {o['median_pct']:+.2f} % (quartiles "
+                  f"{o['p25_pct']:+.2f} to {o['p75_pct']:+.2f}), pooled {o['pooled_pct']:+.2f} %")
+        print(f"{name:8}{'steal':12} the hypervisor's share of the machine's CPU time: "
+              + ", ".join(f"{kind} blocks {pct:.1f} %" for kind, pct in loop["steal_pct"].items()))
+        if loop["reporter_gil_bound_pct"] is not None:
+            print(f"{name:8}{'GIL bound':12} the reporter's user CPU outside torch's GIL-free dump: "
+                  f"{loop['reporter_gil_bound_pct']:.3f} % of the on blocks' time (target "
+                  "< 0.2 %: the most the GIL can have taken from the loop); control call "
+                  f"{loop['control_seconds'] * 1e3:.1f} ms")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "trainer_jitter.json").write_text(json.dumps(results, indent=1))
