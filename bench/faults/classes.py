@@ -66,6 +66,13 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    notes="the veth between the nodes degraded: netem 40±10 ms delay and 5 % loss, "
                    "or where the kernel has no sch_netem, tbf at 8 Mbit/s with a 20 ms queue "
                    "(it drops what does not fit: a lossy, congested link)"),
+        FaultClass("network-delay", "none", None, r"suspect the network|round-trip|latency",
+                   HANG_WINDOW, qdiscs=("netem delay 40ms 10ms",
+                                        "tbf rate 8mbit burst 32kbit latency 400ms"),
+                   notes="the veth between the nodes delays and drops nothing: netem 40±10 ms, "
+                   "or where the kernel has no sch_netem, tbf at 8 Mbit/s with a 400 ms queue "
+                   "(a congested lossless link); the cause is right only if the network is named "
+                   "as the suspect, not listed among the possibilities"),
         FaultClass("nan", "nan", None, r"non-?finite|\bnan\b", 240.0,
                    notes="rank 3 reports a NaN loss every step"),
         FaultClass("fp16", "fp16", None, r"fp16|\bhalf\b|bf16", 1200.0, background=True,
