@@ -60,6 +60,11 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
         FaultClass("straggler", "straggler", 3, r"straggl|\blate\b|lag|slow", 900.0,
                    nproc=(3, 1), trainer_args=("--slow", "1.4"), background=True,
                    notes="rank 3, alone on node-b, takes 40 % longer per step; no timing mode"),
+        FaultClass("straggler-3x", "straggler", 3, r"straggl|\blate\b|lag", 600.0,
+                   nproc=(3, 1), trainer_args=("--slow", "3"),
+                   notes="rank 3, alone on node-b, takes 3x as long per step: the job slows 2x "
+                   "and more, node-a's ranks wait inside their collectives as for a slow link; "
+                   "right if rank 3 is named late and the network is not blamed"),
         FaultClass("network", "none", None, r"network|netem|link|retransmi|loss", HANG_WINDOW,
                    qdiscs=("netem delay 40ms 10ms loss 5%",
                            "tbf rate 8mbit burst 32kbit latency 20ms"),
@@ -73,6 +78,11 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    "or where the kernel has no sch_netem, tbf at 8 Mbit/s with a 400 ms queue "
                    "(a congested lossless link); the cause is right only if the network is named "
                    "as the suspect, not listed among the possibilities"),
+        FaultClass("starved", "starved", None, r"late together|suspect what they all do",
+                   HANG_WINDOW, warmup=45.0,
+                   notes="every rank's data loader takes 0.6 s longer a step (a slow input "
+                   "pipeline): the job slows evenly like a slow link, but its ranks wait before "
+                   "the collectives; right only if that is said and the network is not blamed"),
         FaultClass("nan", "nan", None, r"non-?finite|\bnan\b", 240.0,
                    notes="rank 3 reports a NaN loss every step"),
         FaultClass("fp16", "fp16", None, r"fp16|\bhalf\b|bf16", 1200.0, background=True,
@@ -96,6 +106,7 @@ class Sighting:
     named_at: float | None = None  # seconds after onset
     cause_at: float | None = None
     said: str = ""  # what it said when it first named the culprit (or first spoke)
+    last: str = ""  # what it said at the last look (every node's view, once they all spoke)
     blamed_wrong: set[int] = field(default_factory=set)  # ranks it blamed that are not the culprit
 
     def observe(self, t: float, text: str, blamed: set[int], fault: FaultClass,
@@ -104,6 +115,7 @@ class Sighting:
         blames.  The cause is looked for with the job id taken out (it holds the class's name)."""
         if not text:
             return
+        self.last = text
         about = text.replace(job_id, "<job>")
         if fault.culprit is None:
             named = not blamed and bool(fault.cause_re.search(about))
@@ -120,6 +132,7 @@ class Sighting:
 
     def as_json(self) -> dict[str, object]:
         return {"named_at": self.named_at, "cause_at": self.cause_at, "said": self.said[:2000],
+                "last_said": self.last[:2000],
                 "blamed_wrong": sorted(self.blamed_wrong)}
 
 

@@ -14,6 +14,8 @@ time) the moment they inject it, so latencies count from the fault itself.  Faul
   desync-size the culprit all-reduces a tensor of another size at the same sequence number
   desync-op   the culprit broadcasts where its peers all-reduce
   straggler   the culprit's compute takes `--slow` times longer from then on (no hang)
+  starved     every rank's data loader takes `--starve` s longer from then on (a slow input
+              pipeline: the job slows evenly, and the time is spent before the collectives)
   checkpoint  rank 0 writes a checkpoint for `--pause` s while every other rank waits in a barrier
   slow-start  the first step is slow: rank 0 `--pause` s, the others a third of it (compilation)
   nan         the culprit reports a NaN loss every step from then on
@@ -52,16 +54,20 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--culprit", type=int, default=-1)
     parser.add_argument("--step", type=float, default=0.2, help="seconds per step")
     parser.add_argument("--slow", type=float, default=1.4, help="straggler's step factor")
+    parser.add_argument("--starve", type=float, default=0.6,
+                        help="seconds every rank's loader adds per step when starved")
     parser.add_argument("--pause", type=float, default=90.0,
                         help="checkpoint / slow-start seconds")
     parser.add_argument("--duration", type=float, default=3600.0, help="stop after (s)")
     return parser.parse_args()
 
 
-def load_next_batch(step: int, rank: int, stuck: bool) -> torch.Tensor:
-    """The data loader; a stuck one sleeps here for ever (a dead NFS read, a lost worker)."""
+def load_next_batch(step: int, rank: int, stuck: bool, starve: float = 0.0) -> torch.Tensor:
+    """The data loader; a stuck one sleeps here for ever (a dead NFS read, a lost worker), a
+    starved one `starve` s a batch (a slow shared file system, too few loader workers)."""
     if stuck:
         NEVER.wait()
+    time.sleep(starve)
     return torch.randn(64, 256, generator=torch.Generator().manual_seed(step * 100 + rank))
 
 
@@ -135,7 +141,8 @@ def main() -> None:
             if rank == 0:
                 mark_onset(args.ctl, rank)
             time.sleep(args.pause if rank == 0 else args.pause / 3)  # "compiling"
-        data = load_next_batch(step, rank, culprit and fault == "loader")
+        data = load_next_batch(step, rank, culprit and fault == "loader",
+                               args.starve if fault == "starved" else 0.0)
         update_metrics(culprit and fault == "lock")
         # "Compute": a fixed time per step, not a pace to keep: a rank paced to its own clock
         # keeps whatever phase offset it started with (its peers wait for it at every step,

@@ -197,6 +197,14 @@ GAP_BASELINE = MetricSpec(
     "The group's fastest mean gap of an earlier 30 s still in its ranks' Flight Recorder "
     "index: llmmon_nccl_collective_gap_seconds over this is how much slower the job runs than "
     "its own pace.", ("job_id", "pg"))
+GAP_INSIDE = MetricSpec(
+    "llmmon_nccl_collective_gap_inside_ratio", "gauge",
+    "Of the seconds per collective the group's gap grew by over its baseline, the share its "
+    "ranks on this node spend inside collectives (from whether each status report had one in "
+    "flight, over the last 20 s and in the baseline's window): near 1 a slow link, near 0 late "
+    "together (the input pipeline); only for the job's slowest group at least 2x slower than "
+    "its baseline with no rank on this node late (a rank that is leaves it absent).",
+    ("job_id", "pg"))
 _NETNS = ("job_id", "netns")
 TCP_SENT = MetricSpec(
     "llmmon_tcp_segments_sent_total", "counter",
@@ -221,8 +229,8 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, TCP_SENT,
-             TCP_RETRANSMITTED, TCP_TIMEOUTS)
+             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, GAP_INSIDE,
+             TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -465,6 +473,9 @@ class RanksCollector(Collector):
                 if group["gap"]["baseline_seconds"] is not None:
                     families.add(GAP_BASELINE, [job_id, group["pg"]],
                                  group["gap"]["baseline_seconds"])
+        slow = job["slowdown"]  # the group judged slowed evenly here: no local rank late
+        if slow and slow["gap"]["added_inside_share"] is not None:
+            families.add(GAP_INSIDE, [job_id, slow["pg"]], slow["gap"]["added_inside_share"])
 
     @staticmethod
     def _group_families(families: Families, job: str, tracks: list[RankTrack]) -> None:

@@ -35,6 +35,7 @@ MARK_STEPS = (256, 4096, 65536)
 MARK_EVERY = 120.0  # seconds: the largest step whose marks come at least this often is exported
 MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
 MAX_ENQUEUES = 16  # (write time, last enqueued) per group: the pace now, at the status cadence
+MAX_INSIDE = 128  # (write time, a collective in flight) per group: where the ranks wait
 
 RankKey = tuple[str, int]  # job_id, rank
 
@@ -88,6 +89,9 @@ class RankTrack:
     # pg -> (reporter write time, last enqueued sequence) of the states read (the ring comes
     # every 20 s, the status every second: llmmon.ranks.slowdown's pace now)
     enqueues: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    # pg -> (reporter write time, whether it had enqueued more than it completed) of the states
+    # read: a slow link keeps ranks inside their collectives, a slow input pipeline before them
+    inside: dict[str, deque[tuple[float, bool]]] = field(default_factory=dict)
     # pg -> (the index's version, llmmon.ranks.pace.timed_gaps of it)
     timed: dict[str, tuple[tuple[int, int], list[tuple[float, float]]]] = field(
         default_factory=dict)
@@ -131,6 +135,7 @@ class RankTrack:
         self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
         self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
         self.enqueues = {pg: seen for pg, seen in self.enqueues.items() if pg in progress}
+        self.inside = {pg: seen for pg, seen in self.inside.items() if pg in progress}
         self.timed = {pg: gaps for pg, gaps in self.timed.items() if pg in progress}
         for pg, group in progress.items():
             noted = self.progress_noted.get(pg)
@@ -257,6 +262,8 @@ class Ledger:
             seen = track.enqueues.setdefault(pg, deque(maxlen=MAX_ENQUEUES))
             if not seen or seen[-1][0] < state.written_ns / 1e9:
                 seen.append((state.written_ns / 1e9, group.enqueued))
+                track.inside.setdefault(pg, deque(maxlen=MAX_INSIDE)).append(
+                    (state.written_ns / 1e9, group.enqueued > group.completed))
         if state.activity is not None and (not track.activity
                                            or track.activity[-1][1] != state.activity):
             track.activity.append((state.written_ns / 1e9, state.activity))

@@ -6,9 +6,14 @@ degraded link between nodes does not: every rank enters each collective on time 
 longer in it.  What this daemon can tell it by is the pace itself (the mean gap between the
 group's collectives over the ranks' last RATE_WINDOW seconds of status reports, against the
 fastest mean gap of an earlier WINDOW still in their Flight Recorder index) and, for the
-cause, the TCP retransmissions in the ranks' network namespaces (llmmon.ranks.netns).  Without
-loss on TCP the slowdown is shown but no cause is claimed: over RDMA the NIC counters and
-their rules speak, and a common slowdown (input pipeline, every GPU throttled) has other evidence.
+cause, two things: the TCP retransmissions in the ranks' network namespaces
+(llmmon.ranks.netns), and where the added time is spent.  Each status report says whether the
+rank had a collective in flight (enqueued, not completed); the share of reports that did, now
+and before, splits the added seconds per collective into those spent waiting inside the
+collectives (a slow or congested link: the cause is the network even without loss) and those
+spent before them (every rank late together: the input pipeline, the step, every GPU's clocks).
+Neither said clearly enough, no cause is claimed: over RDMA the NIC counters and their rules
+speak.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ FACTOR = 2.0  # slower than this many times the group's own pace is a slowdown
 LOSS_SHARE = 0.01  # of TCP segments retransmitted over the window: a lossy path
 MIN_RETRANSMITTED = 10
 LAG_SHARE = 0.1  # a local rank enqueueing this share of the gap late is behind: not even
+MIN_REPORTS = 4  # status reports a share needs (now, and before): one rank read every 5 s
+INSIDE = 0.7  # of the added time spent inside the collectives: the network is the suspect
+OUTSIDE = 0.25  # ... at most this: the ranks are late to them together, not the network
+SHARP = 0.5  # in flight in more of the reports before than this (NCCL's CPU enqueues ahead of
+# the GPU), a share now as high says nothing: only a fall is read
 
 
 @dataclass(frozen=True)
@@ -43,17 +53,49 @@ class Pace:
     basis: str  # status (its reports' last enqueued numbers) or ring (its newest gaps)
     baseline: float | None
     windows: int  # earlier windows the baseline was chosen from
+    # share of the ranks' status reports with a collective in flight: over the last
+    # RATE_WINDOW, and over the baseline's window (None: under MIN_REPORTS of them)
+    inside: float | None = None
+    inside_before: float | None = None
 
     @property
     def ratio(self) -> float | None:
         return self.recent / self.baseline if self.baseline else None
 
+    @property
+    def added_inside(self) -> float | None:
+        """Share of the seconds added per collective that the ranks spend inside collectives
+        (0-1; None without both shares or under a FACTOR x slowdown, where the added time is
+        too small to split, or when it is over OUTSIDE while the ranks had a collective in
+        flight in most reports before: then it tells nothing)."""
+        if self.inside is None or self.inside_before is None or not self.baseline \
+                or self.recent < FACTOR * self.baseline:
+            return None
+        added = min(1.0, max(0.0, (self.inside * self.recent - self.inside_before * self.baseline)
+                             / (self.recent - self.baseline)))
+        return None if added > OUTSIDE and self.inside_before > SHARP else added
+
     def json(self) -> dict[str, Any]:
-        ratio = self.ratio
+        ratio, added = self.ratio, self.added_inside
         return {"recent_seconds": round(self.recent, 4), "recent_basis": self.basis,
                 "baseline_seconds": None if self.baseline is None else round(self.baseline, 4),
                 "ratio": None if ratio is None else round(ratio, 2),
-                "window_seconds": WINDOW, "earlier_windows": self.windows}
+                "window_seconds": WINDOW, "earlier_windows": self.windows,
+                "inside_share": _rounded(self.inside),
+                "inside_share_before": _rounded(self.inside_before),
+                "added_inside_share": _rounded(added)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _share(members: list[RankTrack], pg: str, start: float, end: float) -> float | None:
+    """Share of the members' status reports written in [start, end) with a collective in
+    flight (None: under MIN_REPORTS of them)."""
+    flags = [flag for track in members for at, flag in track.inside.get(pg, ())
+             if start <= at < end]
+    return sum(flags) / len(flags) if len(flags) >= MIN_REPORTS else None
 
 
 def _status_pace(track: RankTrack, pg: str, now: float) -> float | None:
@@ -70,14 +112,14 @@ def _status_pace(track: RankTrack, pg: str, now: float) -> float | None:
     return (t1 - t0) / (last - first)
 
 
-def _earlier(gaps: list[tuple[float, float]], since: float) -> list[float]:
-    """Mean gap of each WINDOW before `since` that the rank's gaps cover at least half of (the
-    oldest, cut by the ring or by the job's start, would compare its first burst of set-up
-    collectives)."""
+def _earlier(gaps: list[tuple[float, float]], since: float) -> list[tuple[float, int]]:
+    """(mean gap, block) of each WINDOW before `since` (block k ends k WINDOWs before it) that
+    the rank's gaps cover at least half of (the oldest, cut by the ring or by the job's start,
+    would compare its first burst of set-up collectives)."""
     blocks: dict[int, list[float]] = {}
     for t, gap in gaps[:bisect.bisect_left(gaps, (since,))]:
         blocks.setdefault(int((since - t) // WINDOW), []).append(gap)
-    return [sum(b) / len(b) for b in blocks.values()
+    return [(sum(b) / len(b), k) for k, b in blocks.items()
             if len(b) >= MIN_GAPS and sum(b) >= WINDOW / 2]
 
 
@@ -98,13 +140,22 @@ def group_pace(members: Iterable[RankTrack], pg: str, now: float) -> Pace | None
     if rates:
         since = min(since, now - RATE_WINDOW)
     earlier = [m for gaps in timed for m in _earlier(gaps, since)]
-    return Pace(now_pace, basis, min(earlier, default=None), len(earlier))
+    if not earlier:
+        return Pace(now_pace, basis, None, 0)
+    baseline, block = min(earlier)
+    # where the ranks waited then: the reports of the baseline's own window, not of whatever
+    # came between it and now (a slowdown an hour old would be its own baseline)
+    end = since - block * WINDOW
+    return Pace(now_pace, basis, baseline, len(earlier),
+                _share(members, pg, now - RATE_WINDOW, now + 1),
+                _share(members, pg, end - WINDOW, end))
 
 
 def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int, float]],
             loss: Loss | None) -> dict[str, Any] | None:
     """The job's slowest group if it runs FACTOR x slower than its own pace with no local rank
-    behind, with the cause when TCP loss explains it (`cause` None otherwise)."""
+    behind, with the cause when TCP loss or where the ranks wait explains it (`cause` None
+    otherwise)."""
     slowed = [g for g in groups if not g["stalled"] and g["gap"] and g["gap"]["ratio"]
               and g["gap"]["ratio"] >= FACTOR]
     even = [g for g in slowed
@@ -117,12 +168,33 @@ def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int,
     text = (f"job {job_id} runs {gap['ratio']:.1f}x slower than its own pace: group "
             f"{group['pg']} enqueues a collective every {gap['recent_seconds']:.2f} s, every "
             f"{gap['baseline_seconds']:.2f} s before, and every local rank enters them on time")
+    added = gap.get("added_inside_share")
+    if added is not None:
+        text += (f"; its ranks had a collective in flight in {gap['inside_share']:.0%} of their "
+                 f"status reports over the last {RATE_WINDOW:.0f} s, "
+                 f"{gap['inside_share_before']:.0%} before: {added:.0%} of the added time is "
+                 "spent inside the collectives")
+    local = group.get("size") is not None and group["size"] <= len(group.get("local_ranks", ()))
+    between = ("the transport between this node's ranks" if local
+               else "the network between the nodes")
     cause = None
-    if loss is not None and loss.share >= LOSS_SHARE and loss.retransmitted >= MIN_RETRANSMITTED:
+    if loss is not None and loss.share >= LOSS_SHARE and loss.retransmitted >= MIN_RETRANSMITTED \
+            and (added is None or added > OUTSIDE):
         cause = (f"{text}; {loss.share:.1%} of the TCP segments sent in the network namespace "
                  f"of {loss.netns} were retransmitted over the last {loss.seconds:.0f} s "
-                 f"({loss.retransmitted} of {loss.sent}): suspect the network between the "
-                 "nodes (a lossy or congested link), not a rank")
+                 f"({loss.retransmitted} of {loss.sent}): suspect {between} (a lossy or "
+                 "congested link), not a rank")
+    elif added is not None and added >= INSIDE:
+        cause = (f"{text}, waiting for data, not before them: suspect {between} (a slow or "
+                 "congested link; no TCP loss seen), not a rank here or the input pipeline"
+                 + ("; a rank on another node that entered late would be named by its own "
+                    "node's daemon and the straggler rule" if not local else ""))
+    elif added is not None and added <= OUTSIDE:
+        cause = (f"{text}, the rest before them, every rank late together: suspect what they all "
+                 "do between collectives (the input pipeline, the step's compute, every GPU's "
+                 "clocks), not the network" + ("" if local else
+                 "; this node's ranks only: if the other nodes' ranks wait inside the collectives,"
+                 " the ranks here are the late ones (the straggler rule compares them)"))
     return {"pg": group["pg"], "gap": gap, "tcp": loss.json() if loss else None,
             "summary": cause or f"{text}: a rank on another node, or something all ranks share "
                                 "(the network, the input pipeline, every GPU's clocks)",

@@ -59,8 +59,33 @@ def test_a_slow_job_without_loss_and_a_lossy_one_at_its_pace_are_fine() -> None:
                                pace + _tcp(10_000, {"slowjob": 5, "lossyjob": 500})),
                          Thresholds())
     assert found.verdict == "ok", found
-    assert found.summary == ("no job both slowed and lossy (slowest: job slowjob at 3.0x its "
-                             "own pace; most TCP retransmitted: 5 %)")
+    assert found.summary == ("no job both slowed and waiting inside its collectives or lossy "
+                             "(slowest: job slowjob at 3.0x its own pace; most TCP "
+                             "retransmitted: 5 %)")
+
+
+INSIDE = """\
+# TYPE llmmon_nccl_collective_gap_inside_ratio gauge
+llmmon_nccl_collective_gap_inside_ratio{job_id="slowjob",pg="0"} 0.9
+llmmon_nccl_collective_gap_inside_ratio{job_id="netjob",pg="0"} 0.05
+"""
+
+
+def test_a_slowdown_spent_inside_the_collectives_is_the_network_even_without_loss() -> None:
+    # slowjob (3x, 5 segments lost) waits inside its collectives for 90 % of the added time: a
+    # slow link; netjob loses 40 % of its TCP segments but spends its added time before the
+    # collectives (5 %: a starved input pipeline), so its loss is not what slowed it
+    jobs = ("netjob", "slowjob")
+    pace = "\n".join(line for line in PACE.splitlines() if "lossyjob" not in line) + "\n"
+    found = network_slow(_view(pace + INSIDE + _tcp(0, dict.fromkeys(jobs, 0)),
+                               pace + INSIDE + _tcp(10_000, {"netjob": 4_000, "slowjob": 5})),
+                         Thresholds())
+    assert found.verdict == "suspect", found
+    assert [(e.subject, e.values["inside_share"]) for e in found.evidence] == [
+        ({"job_id": "slowjob", "pg": "0"}, 0.9)]
+    assert found.evidence[0].text == (
+        "job slowjob runs 3.0x slower than its own pace (group 0) and on every node at least "
+        "90 % of the added time is spent inside the collectives (a slow or congested link)")
 
 
 def test_one_observation_cannot_say() -> None:

@@ -1,10 +1,11 @@
 """The fault benchmark's correctness subset: real torchrun/gloo jobs over two simulated nodes
 (bench/faults/), the daemons at their defaults, real Prometheus and Alertmanager.
 
-Six classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
+Eight classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
 SIGSTOP (its reporter too), rank 3 leaving with sys.exit(3), rank 3 killed by SIGKILL (torchrun
 tears the rest of each of those two jobs down), the link between the nodes degraded (a lossy
-tbf, or netem where the kernel has it), and a healthy job. Each check is about *who* and
+tbf, or netem where the kernel has it), the link slowed without loss (a tbf with a deep queue),
+every rank's input pipeline starved, and a healthy job. Each check is about *who* and
 *what*: the right rank, the right kind of evidence, no rank wrongly blamed, no page for a
 healthy job. How fast each source said so is the benchmark's business (docs/faults.md), never
 asserted here; each class is watched until the API and `llmmon diagnose` have named it, or its
@@ -24,10 +25,11 @@ from bench.faults.classes import classes
 from bench.faults.run import bench
 
 WANTED = {"loader": 240.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
-          "network": 240.0, "healthy": 150.0}  # class -> window (s)
-# Healthy seconds before the fault: enough to see each rank step; the network class compares the
-# job with its own earlier pace, which needs 30 s of it (slowdown.WINDOW, half of it covered)
-WARMUP = {"network": 40.0}
+          "network": 240.0, "network-delay": 240.0, "starved": 240.0,
+          "healthy": 150.0}  # class -> window (s)
+# Healthy seconds before the fault: enough to see each rank step; the slowdown classes compare
+# the job with its own earlier pace, which needs 30 s of it (slowdown.WINDOW, half of it covered)
+WARMUP = {"network": 40.0, "network-delay": 40.0, "starved": 40.0}
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +93,34 @@ def test_a_degraded_link_between_the_nodes_is_the_network_not_a_rank(results: di
         assert "slower than its own pace" in source["said"], source["said"]
         assert "TCP segments" in source["said"] and "suspect the network" in source["said"]
     assert "[WARN]" in diagnose["said"], diagnose["said"]
+    assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+
+
+def test_a_slow_link_that_drops_nothing_is_the_network_by_where_the_ranks_wait(
+        results: dict) -> None:
+    # No TCP loss to go by: the ranks' status reports show them inside their collectives for
+    # the time the job lost, which a starved input pipeline (the next test) does not
+    r = results["network-delay"]
+    assert not r["error"], r
+    assert "(used: " in r["notes"], r["notes"]
+    api, diagnose = r["sources"]["api"], r["sources"]["diagnose"]
+    for source in (api, diagnose):
+        assert source["cause_at"] is not None, source
+        assert "of the added time is spent inside the collectives, waiting for data" in \
+            source["said"] and "suspect the network between the nodes" in source["said"], source
+    assert "[WARN]" in diagnose["said"], diagnose["said"]
+    assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+
+
+def test_a_starved_input_pipeline_slows_the_job_evenly_and_is_not_the_network(
+        results: dict) -> None:
+    r = results["starved"]
+    assert not r["error"], r
+    api, diagnose = r["sources"]["api"], r["sources"]["diagnose"]
+    for source in (api, diagnose):
+        assert source["cause_at"] is not None, source
+        assert "every rank late together" in source["said"], source["said"]
+        assert "suspect the network" not in source["said"], source["said"]
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
 
 

@@ -207,11 +207,21 @@ def _slowest(view: View) -> dict[tuple[str, ...], Sample]:
             for job, members in group(ratios, *JOB).items()}
 
 
+def _inside(view: View) -> dict[tuple[str, ...], list[float | None]]:
+    """(cluster, job_id) -> per node and group with a pace, the share of the added time its
+    ranks spend inside collectives (None where the daemon could not tell)."""
+    shares = {key(s, GAP): s.value
+              for s in view.instant("llmmon_nccl_collective_gap_inside_ratio")}
+    return {job: [shares.get(key(s, GAP)) for s in members] for job, members in
+            group(view.instant("llmmon_nccl_collective_gap_seconds"), *JOB).items()}
+
+
 def network_slow(view: View, t: Thresholds) -> Outcome:
     slowest = _slowest(view)
     if not slowest:
         return unknown("no group pace to compare (needs the reporter, and a group completing "
                        "at least 5 collectives in 30 s with an earlier 30 s to compare with)")
+    inside = _inside(view)
     window = t.network_slow_rate_window
     lost = view.rate("llmmon_tcp_segments_retransmitted_total", window)
     sent = view.rate("llmmon_tcp_segments_sent_total", window)
@@ -226,23 +236,35 @@ def network_slow(view: View, t: Thresholds) -> Outcome:
             worst[key(s, JOB)] = share
     found = []
     for job, pace in sorted(slowest.items()):
+        if pace.value < t.network_slow_factor:
+            continue
         loss = worst.get(job)
-        if pace.value >= t.network_slow_factor and loss and \
-                loss.value > t.network_slow_retransmit_share:
+        shares = inside.get(job, [])
+        known = [share for share in shares if share is not None]
+        least = 0.0 if None in shares else min(known, default=0.0)  # as the rule reads it
+        head = f"job {pace.get('job_id')} runs {pace.value:.1f}x slower than its own pace " \
+               f"(group {pace.get('pg')})"
+        if least >= t.network_slow_inside_share:
             found.append(d.evidence(
-                pace, ("job_id", "pg"), f"job {pace.get('job_id')} runs {pace.value:.1f}x slower "
-                f"than its own pace (group {pace.get('pg')}) and {d.percent(loss.value)} of the "
-                f"TCP segments sent in the network namespace of {loss.get('netns')}"
+                pace, ("job_id", "pg"), f"{head} and on every node at least "
+                f"{d.percent(least)} of the added time is spent inside the collectives "
+                "(a slow or congested link)", slowdown_ratio=pace.value, inside_share=least))
+        elif loss and loss.value > t.network_slow_retransmit_share and not (
+                known and max(known) <= t.network_slow_outside_share):
+            found.append(d.evidence(
+                pace, ("job_id", "pg"), f"{head} and {d.percent(loss.value)} of the TCP "
+                f"segments sent in the network namespace of {loss.get('netns')}"
                 f"{d.on_node(loss)} are retransmitted", slowdown_ratio=pace.value,
                 retransmitted_share=loss.value))
     if found:
-        return suspect("every rank of a job runs slower while its TCP traffic is lossy: suspect "
-                       "the network between its nodes, not a rank", *found)
+        return suspect("every rank of a job runs slower and waits inside its collectives, or "
+                       "its TCP traffic is lossy: suspect the network between its nodes, not a "
+                       "rank", *found)
     pace = max(slowest.values(), key=lambda s: s.value)
     loss = max(worst.values(), key=lambda s: s.value, default=None)
-    return ok(f"no job both slowed and lossy (slowest: job {pace.get('job_id')} at "
-              f"{pace.value:.1f}x its own pace; most TCP retransmitted: "
-              f"{d.percent(loss.value) if loss else 'none read'})")
+    return ok(f"no job both slowed and waiting inside its collectives or lossy (slowest: job "
+              f"{pace.get('job_id')} at {pace.value:.1f}x its own pace; most TCP "
+              f"retransmitted: {d.percent(loss.value) if loss else 'none read'})")
 
 
 def _fabrics(view: View) -> dict[tuple[str, ...], str | None]:
@@ -315,8 +337,9 @@ BRANCH = BranchSpec(
                 "rdma_cnp_per_second")),
      CheckSpec("straggler", "Late rank (fail-slow)", straggler, ("LLMTrainingStraggler",),
                ("straggler_collectives", "straggler_score", "straggler_enqueue_lag_seconds")),
-     CheckSpec("network_slow", "Even slowdown with TCP loss", network_slow,
+     CheckSpec("network_slow", "Even slowdown the network explains", network_slow,
                ("LLMTrainingNetworkSlow",),
                ("network_slow_factor", "network_slow_retransmit_share",
-                "network_slow_rate_window")),
+                "network_slow_rate_window", "network_slow_inside_share",
+                "network_slow_outside_share")),
      CheckSpec("busbw", "Bus bandwidth vs reference", busbw, doc="bus-bandwidth")))
