@@ -104,7 +104,8 @@ BUS_BYTES = MetricSpec(
     "Bytes x nccl-tests' bus factor, for collectives with a duration: busbw = "
     "rate(this) / rate(duration_seconds_sum).", COLL)
 MISSED = _rank("llmmon_nccl_entries_missed_total", "counter",
-               "Flight Recorder records that left the ring before the daemon read them.")
+               "Flight Recorder records the daemon never read: they left the ring between two "
+               "reads, or the reporter left them out (a tick ships at most the 500 newest).")
 PG_INFO = MetricSpec("llmmon_nccl_pg_info", "info", "A process group of a job.",
                      ("job_id", "pg", "pg_desc", "size", "ranks"))
 DUMPS_REQUESTED = MetricSpec(

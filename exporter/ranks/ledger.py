@@ -183,6 +183,8 @@ class RankTrack:
             return
         if self.max_record_id >= 0 and first > self.max_record_id + 1:
             self.missed += first - self.max_record_id - 1  # the ring wrapped between reads
+        if dump.cut_record > first:  # the reporter left the ring's older new records out
+            self.missed += max(0, dump.cut_record - max(first, self.max_record_id + 1))
         self.max_record_id = max(self.max_record_id, dump.last_record)
         self.counted = {record for record in self.counted if record >= first}
         groups = self.groups()

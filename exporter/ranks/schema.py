@@ -210,6 +210,7 @@ class FrDump:
     entries: tuple[Collective, ...]
     first_record: int = -1  # record ids the ring held, parsed or not (-1: no entries)
     last_record: int = -1
+    cut_record: int = -1  # the reporter shipped none of the ring's records before this one
 
 
 @dataclass(frozen=True)
@@ -559,10 +560,13 @@ def parse_segment(line: bytes, notes: Notes, known: Container[int] = ()) -> tupl
     last = _int(doc.get("last_record"), "last_record", -1)
     if (first < 0) != (last < 0) or last < first:
         raise SchemaError(f"record range [{first}, {last}] is not a range")
+    cut = -1 if doc.get("cut_record") is None else _int(doc["cut_record"], "cut_record")
+    if cut >= 0 and not first < cut <= last:
+        raise SchemaError(f"cut_record {cut} is not inside the record range [{first}, {last}]")
     dump = fr_dump({"pg_status": doc.get("pg_status"), "entries": doc.get("entries", [])},
                    notes, known)
     return (_int(doc.get("written_ns"), "written_ns"),
-            dataclasses.replace(dump, first_record=first, last_record=last))
+            dataclasses.replace(dump, first_record=first, last_record=last, cut_record=cut))
 
 
 def parse_entries(data: bytes, notes: Notes, known: Container[int] = ()) -> RankEntries:

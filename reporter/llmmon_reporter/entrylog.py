@@ -27,6 +27,11 @@ from llmmon_reporter import layout, pace, spoolfile
 KIND = "entries-log"
 MAX_BYTES = 2 << 20  # rewritten whole past this: ~3 rings of 2,000 projected records
 HOLD_BACK = 256  # a record unfinished this far behind the newest is not shipped again
+# Records a tick ships at most, the newest: a job issuing thousands of collectives a second turns
+# its ring over between ticks, and decoding and re-encoding all of it (43 ms of Python for 2,000
+# gloo records) is most of what the reporter takes from the training thread.  The daemon counts
+# the records left out as missed, as it counts those that left the ring between ticks.
+MAX_NEW = 500
 FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p",
           "profiling_name", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes",
           "time_created_ns", "duration_ms", "state", "retired")
@@ -52,7 +57,14 @@ Read = Callable[[pace.Keep], Mapping[str, Any]]  # a ring read keeping what `kee
 
 def of(ring: Mapping[str, Any]) -> Read:
     """An already decoded ring as a read (the simulator's and the benches')."""
-    return lambda keep: {**ring, "entries": pace.sift(ring.get("entries") or (), keep, None)}
+    def read(keep: pace.Keep) -> Mapping[str, Any]:
+        entries = ring.get("entries") or ()
+        ids = [e["record_id"] for e in entries
+               if isinstance(e, dict) and isinstance(e.get("record_id"), int)]
+        if ids and isinstance(keep, _Selection):
+            keep.limit(max(ids))
+        return {**ring, "entries": pace.sift(entries, keep, None)}
+    return read
 
 
 class _Selection:
@@ -69,6 +81,19 @@ class _Selection:
     def __init__(self, after: int) -> None:
         self.after, self.first, self.last = after, -1, -1
         self.pending: list[int] = []
+        self.cut = -1  # the oldest record shipped when MAX_NEW left older ones of the ring out
+        self.drop_first = False
+
+    def limit(self, newest: int) -> None:
+        """Ship at most MAX_NEW records, the newest, when the ring holds more new ones.  Called
+        before the records are kept, or (`seek`) after the first: then `drop_first` says the
+        first one kept must go."""
+        if newest - self.after > MAX_NEW:
+            self.after = newest - MAX_NEW
+            self.cut = self.after + 1
+            self.drop_first = 0 <= self.first <= self.after
+            if self.drop_first and self.first in self.pending:
+                self.pending.remove(self.first)
 
     def __call__(self, entry: Any) -> bytes | None:
         record = entry.get("record_id") if isinstance(entry, dict) else None
@@ -83,17 +108,38 @@ class _Selection:
         return _json(project(entry))
 
     def seek(self, text: str, pos: int) -> int:
-        """The start of record `after`'s element, when the first record (already seen) is
-        older and the guess checks out; else `pos`, and every record is read."""
+        """The start of record `after`'s element (after MAX_NEW moved it up to the newest
+        record's), when the first record (already seen) is older and the guess checks out;
+        else `pos`, and every record is read."""
+        newest = _newest(text, pos)
+        if newest is not None:
+            self.limit(newest)
         wanted = self.after
         if self.first < 0 or wanted <= self.first:
             return pos
         key = text.find(f'"record_id":{wanted},', pos)
         if key < 0:
             key = text.find(f'"record_id":{wanted}}}', pos)
-        start = text.rfind("{", pos, key) if key >= 0 else -1
-        found = pace.element_at(text, start) if start >= 0 else None
-        return start if isinstance(found, dict) and found.get("record_id") == wanted else pos
+        return _checked(text, pos, key, wanted)
+
+
+def _checked(text: str, pos: int, key: int, record: int) -> int:
+    """The start of the element whose `"record_id":` is at `key`, if it decodes to that record;
+    else `pos`."""
+    start = text.rfind("{", pos, key) if key >= 0 else -1
+    found = pace.element_at(text, start) if start >= 0 else None
+    return start if isinstance(found, dict) and found.get("record_id") == record else pos
+
+
+def _newest(text: str, pos: int) -> int | None:
+    """The record id of the ring's last element (torch dumps the ring oldest first), read
+    from the text's end and checked by decoding that element; None if it does not check."""
+    key = text.rfind('"record_id":', pos)
+    digits = text[key + 12:key + 32].split(",", 1)[0].split("}", 1)[0] if key >= 0 else ""
+    if not digits.strip().isdigit():
+        return None
+    record = int(digits)
+    return record if _checked(text, pos, key, record) != pos else None
 
 
 class EntryLog:
@@ -113,8 +159,13 @@ class EntryLog:
         chosen = _Selection(-1 if fresh else self._shipped)
         ring = read(chosen)
         records = ring.get("entries")
-        head = _json({"written_ns": now_ns, "first_record": chosen.first,
-                      "last_record": chosen.last, "pg_status": ring.get("pg_status") or {}})
+        if chosen.drop_first and isinstance(records, list):
+            records = records[1:]
+        fields = {"written_ns": now_ns, "first_record": chosen.first,
+                  "last_record": chosen.last, "pg_status": ring.get("pg_status") or {}}
+        if chosen.cut > chosen.first:
+            fields["cut_record"] = chosen.cut  # records before it were left out (MAX_NEW)
+        head = _json(fields)
         segment = head[:-1] + b',"entries":[' + \
             b",".join(records if isinstance(records, list) else ()) + b"]}\n"
         if fresh:

@@ -73,12 +73,15 @@ def test_a_refresh_reads_only_what_was_appended_and_counts_each_record_once(
             assert read - read_before == state + header + size - size_before
             segment = _segments(log)[-1]
             assert len(_segments(log)) == phase + 1
-            assert len(segment["entries"]) == min(count, 2000)
+            # at most MAX_NEW (500) records a tick, the newest; the ring's older new ones and
+            # those that left it unread are counted as missed
+            assert len(segment["entries"]) == min(count, entrylog.MAX_NEW)
             assert segment["last_record"] == issued - 1
             assert segment["first_record"] == max(0, issued - 2000)
+            assert segment.get("cut_record") == (issued - 500 if count > 500 else None)
             missed = series(samples, "llmmon_nccl_entries_missed_total").get(
                 (("job_id", "log"), ("rank", "0")), 0.0)
-            assert missed == (500 if phase == len(PHASES) - 1 else 0)
+            assert missed == {0: 1500, len(PHASES) - 1: 1500 + 2000}.get(phase, 1500)
             counted = series(samples, "llmmon_nccl_collective_bytes_total", coll="all_reduce",
                              dtype="Float")
             assert list(counted.values()) == [(issued - missed) * BYTES]
@@ -168,13 +171,15 @@ def test_hostile_logs_lose_nothing_of_what_is_good(tmp_path: Path) -> None:
         return json.dumps({"written_ns": 2, "first_record": 0, "last_record": first + count - 1,
                            "pg_status": ring["pg_status"], "entries": ring["entries"]})
 
-    # a garbage line and a line whose range is no range sit between good segments
+    # a garbage line, a line whose range is no range and one whose cut is outside its range
+    # sit between good segments
     path.write_text("\n".join([header, segment(0, 5), "{not json", json.dumps(
-        {"written_ns": 3, "first_record": 9, "last_record": 2, "entries": []}),
+        {"written_ns": 3, "first_record": 9, "last_record": 2, "entries": []}), json.dumps(
+        {"written_ns": 3, "first_record": 0, "last_record": 2, "cut_record": 7, "entries": []}),
         segment(5, 5)]) + "\n" + segment(10, 5)[:40])  # ... and a line still being written
     ctx_errors = _errors(collector)
     assert _bytes(collector) == 10 * BYTES
-    assert any("dropped 2 item(s)" in e for e in ctx_errors), ctx_errors
+    assert any("dropped 3 item(s)" in e for e in ctx_errors), ctx_errors
     with path.open("a") as handle:  # the writer finishes its line
         handle.write(segment(10, 5)[40:] + "\n")
     assert _bytes(collector) == 15 * BYTES

@@ -90,6 +90,7 @@ dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store"
                         world_size=1)
 for _ in range(int(os.environ["TORCH_FR_BUFFER_SIZE"]) + 100):
     dist.all_reduce(torch.ones(16))
+entrylog.MAX_NEW = 10 ** 9  # the whole ring, as a ring tick without the cap decodes it
 reporter = Reporter(sys.argv[1], Cadence(3600, 3600, 3600), StepStats())
 if sys.argv[2] == "unpaced":
     reporter._pace.budget = float("inf")
@@ -218,6 +219,21 @@ def test_a_ring_tick_decodes_only_the_records_after_those_it_shipped() -> None:
     assert decoded == 12  # the first record, then 689-699; not the 188 between
     assert _tick(blob, 699) == ([], [500, 699, []], 2)  # nothing new: two records read
     assert _tick(blob, 400)[2] == 200  # everything is new: everything is read
+
+
+def test_a_ring_that_turned_over_ships_its_newest_records_and_decodes_no_more() -> None:
+    # 2,000 records newer than the last one shipped (a job issuing thousands of collectives a
+    # second): the tick decodes the first record, then jumps to the 500 newest
+    records = _records(list(range(10_000, 12_000)))
+    blob = _ring(records)
+    clock = iter(range(10**6)).__next__
+    counted = pace.Pace(budget=1, pause=0, clock=lambda: float(clock()))
+    selection = entrylog._Selection(5_000)
+    kept = pace.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
+    assert counted.pauses == 502  # the first record, record 11,499 (dropped), 11,500-11,999
+    assert (selection.first, selection.last, selection.cut) == (10_000, 11_999, 11_500)
+    assert selection.drop_first and len(kept) == 501  # the first record, left out by write
+    assert [json.loads(k)["record_id"] for k in kept[1:]] == list(range(11_500, 12_000))
 
 
 @pytest.mark.parametrize("case", ["a brace in a string", "a gap in the ids", "spaced"])
