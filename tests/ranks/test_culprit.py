@@ -40,11 +40,19 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
             wait_for(reporting(collector, 3), 240, "three ranks making progress")
 
+            seen: list[dict] = []
+
             def checkpointing() -> dict | None:
                 group = group0(collector)
+                if group and group["behind"]:
+                    seen[:] = [{k: group[k] for k in ("behind", "stalled_seconds", "pace",
+                                                      "stall_threshold_seconds", "summary")}]
                 return group if group and group["behind"] == [0] and \
                     group["stalled_seconds"] > group["stall_threshold_seconds"] else None
-            busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold")
+            try:
+                busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold")
+            except AssertionError as exc:  # what the group looked like last, while a rank lagged
+                raise AssertionError(f"{exc}; last seen with a rank behind: {seen}") from None
 
             def stuck() -> dict | None:
                 group = group0(collector)
