@@ -89,9 +89,10 @@ class _Selection:
         before the records are kept, or (`seek`) after the first: then `drop_first` says the
         first one kept must go."""
         if newest - self.after > MAX_NEW:
+            kept_first = self.after < self.first  # (-1 before the first record is seen)
             self.after = newest - MAX_NEW
             self.cut = self.after + 1
-            self.drop_first = 0 <= self.first <= self.after
+            self.drop_first = kept_first and self.first <= self.after
             if self.drop_first and self.first in self.pending:
                 self.pending.remove(self.first)
 

@@ -234,6 +234,11 @@ def test_a_ring_that_turned_over_ships_its_newest_records_and_decodes_no_more() 
     assert (selection.first, selection.last, selection.cut) == (10_000, 11_999, 11_500)
     assert selection.drop_first and len(kept) == 501  # the first record, left out by write
     assert [json.loads(k)["record_id"] for k in kept[1:]] == list(range(11_500, 12_000))
+    # the newest shipped (10,900) still in the ring: the first record was not kept, none drops
+    selection = entrylog._Selection(10_900)
+    kept = pace.decode(blob, pace.Pace(), keep=selection, seek=selection.seek)["entries"]
+    assert not selection.drop_first and selection.cut == 11_500
+    assert [json.loads(k)["record_id"] for k in kept] == list(range(11_500, 12_000))
 
 
 @pytest.mark.parametrize("case", ["a brace in a string", "a gap in the ids", "spaced"])
