@@ -6,7 +6,10 @@ reporter thread at its default cadences works over a 2,000-entry Flight Recorder
 gloo job on the CPU build of torch), in the same process:
 
 - `python` loop: a fixed pure-Python work unit (~0.5 ms), the worst case for GIL hand-offs;
-- `gloo` loop: a small step (Linear forward/backward, all_reduce of the gradients).
+- `gloo` loop: a small step (Linear forward/backward, all_reduce of the gradients);
+- `bf16` loop (a GPU, the H200 variant): a bf16 step on cuda:0 (4 x Linear(4096, 4096), 8192
+  tokens), every gradient all-reduced through NCCL, the loss read back (a synchronised step);
+  the process group is then NCCL's, so it runs without the `gloo` loop.
 
 The loop's time is cut into blocks (`--block`, 5 s) that cycle off, on, control: the reporter
 ticks only in `on` blocks; in `control` blocks a thread at the reporter's priority does, at the
@@ -20,7 +23,9 @@ writes the state file; ring: a tick that also reads the ring and appends to the 
 with torch's own ring read timed alone as ring-read: without the GIL where the reporter calls
 the C++ dump itself (`native`), else one binding call that holds it; in-flight: the read of the
 records not yet final, which a healthy job never takes, so a helper thread calls it at the
-in-flight cadence to show its cost). The stall a call adds is the longest main-thread gap
+in-flight cadence to show its cost; stack: the training thread's stack, which the reporter takes
+only while nothing completes, taken by the same helper every status second to show its cost
+under load). The stall a call adds is the longest main-thread gap
 overlapping it minus the median gap of the off blocks (and the calling thread's CPU time in it:
 a ring tick's minus torch's ring read's is the Python work that holds the GIL, and summed over
 the ticks it bounds what the GIL can take from the loop); its floor is the same measure over
@@ -53,6 +58,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from llmmon_reporter import activity
 from llmmon_reporter.stepstats import StepStats
 from llmmon_reporter.worker import Cadence, Reporter
 
@@ -246,6 +252,8 @@ def measure(work: Callable[[], None], seconds: float, block: float,
         flight._pickled = ticks.wrap("ring-read", flight._pickled)
     ticks.spans.clear()
     active = blocks.only("on", ticks.wrap("in-flight", reporter._session.flight.active))
+    main_thread = threading.get_ident()
+    stack = blocks.only("on", ticks.wrap("stack", lambda: activity.stack(main_thread)))
     control = blocks.only("control", ticks.wrap("control", control_call(read_seconds)))
     stop = threading.Event()
 
@@ -256,6 +264,7 @@ def measure(work: Callable[[], None], seconds: float, block: float,
             now = time.perf_counter()
             if blocks.kind == "on" and now >= next_inflight and active() is not None:
                 next_inflight = now + cadence.inflight
+            stack()
             if blocks.kind == "control" and now >= next_control and control() is not None:
                 next_control = now + cadence.entries
 
@@ -340,32 +349,46 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    names = args.loops.split(",")
+    gpu = "bf16" in names
+    if gpu and "gloo" in names:
+        parser.error("the bf16 loop's process group is NCCL's: run the gloo loop separately")
     work_dir = tempfile.mkdtemp(prefix="llmmon-jitter-")
-    dist.init_process_group("gloo", init_method=f"file://{work_dir}/store", rank=0,
-                            world_size=1)
+    if gpu:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if gpu else "gloo", init_method=f"file://{work_dir}/store",
+                            rank=0, world_size=1)
+    device = "cuda" if gpu else "cpu"
+    for _ in range(RING):  # fill the ring
+        dist.all_reduce(torch.ones(16, device=device))
     model = torch.nn.Linear(256, 256)
     data = torch.randn(64, 256)
-    for _ in range(RING):  # fill the ring
-        dist.all_reduce(torch.ones(16))
+    if gpu:
+        model = torch.nn.Sequential(*(torch.nn.Linear(4096, 4096) for _ in range(4))).to(
+            device, torch.bfloat16)
+        data = torch.randn(8192, 4096, device=device, dtype=torch.bfloat16)
 
     def python_work() -> None:
         sum(i * i for i in range(6000))
 
-    def gloo_work() -> None:
+    def step_work() -> None:
         model.zero_grad()
-        model(data).pow(2).mean().backward()
+        loss = model(data).float().pow(2).mean()
+        loss.backward()
         for param in model.parameters():
             dist.all_reduce(param.grad)
+        loss.item()  # the step ends when the GPU is done with it
 
-    loops = {"python": python_work, "gloo": gloo_work}
+    loops = {"python": python_work, "gloo": step_work, "bf16": step_work}
     cadence = Cadence(entries=args.entries_interval)
     results: dict[str, Any] = {"torch": torch.__version__, "ring": RING,
+                               "gpu": torch.cuda.get_device_name(0) if gpu else None,
                                "native": os.environ.get("LLMMON_REPORTER_NATIVE", "1") != "0",
                                "cadence_s": {"status": cadence.status,
                                              "inflight": cadence.inflight,
                                              "entries": cadence.entries},
                                "seconds": args.seconds, "loops": {}}
-    for name in args.loops.split(","):
+    for name in names:
         results["loops"][name] = measure(loops[name], args.seconds, args.block, cadence)
     dist.destroy_process_group()
 

@@ -37,13 +37,16 @@ SCRAPE = "15s"  # deploy/prometheus/prometheus.yml's scrape and evaluation inter
 
 
 def pythonpath() -> str:
-    """This checkout's code first (the .src symlinks of HELPERS.md, else the checkout's folders)."""
+    """This checkout's code first (the .src symlinks of HELPERS.md, else the checkout's folders),
+    then the caller's own path (where a device run put the exporter's dependencies)."""
     src = CHECKOUT / ".src"
     if not (src / "llmmon").exists():
         src.mkdir(exist_ok=True)
         (src / "llmmon").symlink_to("../exporter")
         (src / "llmmon_reporter").symlink_to("../reporter/llmmon_reporter")
-    return os.pathsep.join([str(src), str(CHECKOUT)])
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and p not in (str(src), str(CHECKOUT))]
+    return os.pathsep.join([str(src), str(CHECKOUT), *inherited])
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,6 +90,8 @@ class Cluster:
     """The daemons and the alerting stack; a context manager that stops all of it."""
 
     work: Path
+    names: tuple[str, ...] = NODES
+    alerting: bool = True  # Prometheus and Alertmanager too (the H200 variant has neither)
     nodes: list[Node] = field(default_factory=list)
     servers: list[stack.Server] = field(default_factory=list)
     receiver: stack.WebhookReceiver | None = None
@@ -106,7 +111,7 @@ class Cluster:
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": pythonpath()}
         targets = []
-        for name in NODES:
+        for name in self.names:
             node = Node(name, self.work / name)
             for path in (node.spool, node.fr_dir, node.pipe_dir):
                 path.mkdir(parents=True, exist_ok=True)
@@ -125,6 +130,8 @@ class Cluster:
                             "labels": {"node": name, "cluster": CLUSTER}})
         for node in self.nodes:
             self._wait_ready(node)
+        if not self.alerting:
+            return
         (self.work / "targets.json").write_text(json.dumps(targets))
         self.receiver = stack.WebhookReceiver()
         prometheus_bin = stack.find_binary("prometheus")
@@ -191,8 +198,9 @@ class Job:
     cluster: Cluster
     job_id: str
     index: int  # unique per bench run: namespace names and addresses
-    nproc: tuple[int, int]
+    nproc: tuple[int, ...]
     trainer_args: list[str]
+    local: bool = False  # one node, no network namespaces: torchrun --standalone (H200 variant)
     work: Path = field(init=False)
     launches: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -244,7 +252,8 @@ class Job:
 
     def __enter__(self) -> Job:
         try:
-            self._network()
+            if not self.local:
+                self._network()
             for node, nproc in enumerate(self.nproc):
                 self._launch(node, nproc)
         except BaseException:
@@ -255,18 +264,21 @@ class Job:
     def _launch(self, node: int, nproc: int) -> None:
         where = self.cluster.nodes[node]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMON_", "TORCH"))}
-        env.update(PYTHONPATH=pythonpath(), GLOO_SOCKET_IFNAME=self.veth(node),
-                   OMP_NUM_THREADS="1", POD_NAMESPACE=CLUSTER)
-        # Its own UTS namespace too: the hostname (the reporter's `pod`) is the node's pod.
-        command = ["ip", "netns", "exec", self.ns(node), "unshare", "--uts", "sh", "-c",
-                   'hostname "$0" && exec "$@"', self.pod(node),
-                   sys.executable, "-m", "llmmon", "launch", "--job", self.job_id,
-                   "--spool", str(where.spool), "--fr-dir", str(where.fr_dir),
-                   "--pipe-dir", str(where.pipe_dir), "--",
-                   sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                   "--node-rank", str(node), "--nproc-per-node", str(nproc),
-                   "--master-addr", self.address(0), "--master-port", "29400",
-                   str(TRAINER), "--ctl", str(self.ctl), *self.trainer_args]
+        env.update(PYTHONPATH=pythonpath(), OMP_NUM_THREADS="1", POD_NAMESPACE=CLUSTER)
+        launch = [sys.executable, "-m", "llmmon", "launch", "--job", self.job_id,
+                  "--spool", str(where.spool), "--fr-dir", str(where.fr_dir),
+                  "--pipe-dir", str(where.pipe_dir), "--",
+                  sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        trainer = [str(TRAINER), "--ctl", str(self.ctl), *self.trainer_args]
+        if self.local:
+            command = [*launch, "--standalone", *trainer]
+        else:
+            env.update(GLOO_SOCKET_IFNAME=self.veth(node))
+            # Its own UTS namespace too: the hostname (the reporter's `pod`) is the node's pod.
+            command = ["ip", "netns", "exec", self.ns(node), "unshare", "--uts", "sh", "-c",
+                       'hostname "$0" && exec "$@"', self.pod(node), *launch,
+                       "--nnodes", "2", "--node-rank", str(node),
+                       "--master-addr", self.address(0), "--master-port", "29400", *trainer]
         with open(self.work / f"{where.name}.log", "ab") as log:
             self.launches.append(subprocess.Popen(
                 command, env=env, cwd=self.work, stdout=log, stderr=subprocess.STDOUT,
@@ -308,5 +320,6 @@ class Job:
                 launch.wait(30)
             except subprocess.TimeoutExpired:
                 pass
-        remove_namespaces(f"{NS_PREFIX}{self.index}a")
-        remove_namespaces(f"{NS_PREFIX}{self.index}b")
+        if not self.local:
+            remove_namespaces(f"{NS_PREFIX}{self.index}a")
+            remove_namespaces(f"{NS_PREFIX}{self.index}b")

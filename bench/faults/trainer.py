@@ -21,6 +21,11 @@ time) the moment they inject it, so latencies count from the fault itself.  Faul
   nan         the culprit reports a NaN loss every step from then on
   fp16        gradients are all-reduced in fp16 (DDP's fp16 compression hook) from the start
   none        healthy (also: network, whose fault the harness injects with tc on the link)
+
+With `--gpu` (the H200 variant, bench/h200/faults_check.py) the "compute" is bf16 matrix
+products on cuda:0 for `--step` seconds instead of a sleep; with `--backend nccl` (one rank per
+GPU, so a one-rank job on a one-GPU machine) the model is bf16 on the GPU and DDP all-reduces its
+gradients through NCCL, which the Flight Recorder then records.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--pause", type=float, default=90.0,
                         help="checkpoint / slow-start seconds")
     parser.add_argument("--duration", type=float, default=3600.0, help="stop after (s)")
+    parser.add_argument("--gpu", action="store_true", help="compute: bf16 matmuls on cuda:0")
+    parser.add_argument("--backend", default="gloo", help="the default group's backend")
     return parser.parse_args()
 
 
@@ -87,6 +94,16 @@ def save_checkpoint(model: torch.nn.Module, path: Path, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def gpu_compute(seconds: float, work: list[torch.Tensor]) -> None:
+    """bf16 matrix products on the GPU for `seconds` (synchronised: the step's own time)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        work[0] = torch.tanh(work[0] @ work[1])
+        torch.cuda.synchronize()
+        if time.monotonic() >= deadline:
+            return
+
+
 def fault_step(go: Path) -> float:
     """The step the fault starts at: `go` holds it (a few steps ahead of the fastest rank, so
     that every rank injects at the same step and a desync is one at the same sequence number)."""
@@ -104,11 +121,16 @@ def main() -> None:
     args = parse()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     (args.ctl / f"pid.{rank}").write_text(f"{os.getpid()}\n")
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 256))
+    on_gpu = args.backend == "nccl"
+    if on_gpu:
+        net = net.to("cuda", torch.bfloat16)
     model = DistributedDataParallel(net)
+    matrices = [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) / 90
+                for _ in range(2)] if args.gpu else []
     if args.fault == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -147,8 +169,14 @@ def main() -> None:
         # "Compute": a fixed time per step, not a pace to keep: a rank paced to its own clock
         # keeps whatever phase offset it started with (its peers wait for it at every step,
         # absorbed by their sleep), and a healthy job would read as having stragglers.
-        time.sleep(args.step * (args.slow if culprit and fault == "straggler" else 1.0))
-        loss = model(data).pow(2).mean()
+        seconds = args.step * (args.slow if culprit and fault == "straggler" else 1.0)
+        if matrices:
+            gpu_compute(seconds, matrices)
+        else:
+            time.sleep(seconds)
+        if on_gpu:
+            data = data.to("cuda", torch.bfloat16)
+        loss = model(data).float().pow(2).mean()
         optimiser.zero_grad()
         loss.backward()  # DDP's all-reduce of the gradients
         optimiser.step()

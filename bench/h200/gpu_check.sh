@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU collector on a real GPU (issue 3): llmmon serve for ~60 s while a bf16 matmul load
 # alternates with idle gaps and a starved phase; a scrape and an nvidia-smi query each second,
-# compared; a fresh NVML snapshot in the replay format.  Run from anywhere; needs $OUT.
+# compared; a fresh NVML snapshot in the replay format.  Run from anywhere; needs $OUT and the
+# exporter's dependencies importable (bench/h200/run_all.sh installs them from wheels).
 #
 #   OUT=/tmp/out bash bench/h200/gpu_check.sh            # on the GPU machine (~2 min)
 #   GPU_CHECK_DRY_RUN=1 OUT=/tmp/out bash bench/h200/gpu_check.sh   # no GPU: replayed H200
@@ -12,7 +13,10 @@ set -u
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder for results}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+mkdir -p .src  # the import names (llmmon, llmmon_reporter) over the checkout's folders
+[ -e .src/llmmon ] || ln -s ../exporter .src/llmmon
+[ -e .src/llmmon_reporter ] || ln -s ../reporter/llmmon_reporter .src/llmmon_reporter
+export PYTHONPATH="$PWD/.src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK=$(mktemp -d)
 SERVE_PID=""
 
@@ -33,10 +37,6 @@ if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
   LOAD="python3 bench/h200/matmul_load.py --dry-run"
   SNAPSHOT_EXTRA=(--fake-nvml=tests/fixtures/nvml/h200/nvml_snapshot.json)
 else
-  step "install the exporter's dependencies from .device/wheels"
-  timeout 180 python3 -m pip install -q --no-index --find-links .device/wheels \
-    fastapi uvicorn pyroute2 PyYAML requests > "$WORK/pip.log" 2>&1 \
-    || { echo "pip install failed:"; tail -20 "$WORK/pip.log"; }
   SERVE_EXTRA=()
   SMI="nvidia-smi"
   LOAD="python3 bench/h200/matmul_load.py"
