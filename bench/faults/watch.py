@@ -30,7 +30,8 @@ def _strings(value: Any, keys: tuple[str, ...], inside: bool = False) -> Iterabl
 
 
 def _job_ended(blamed: set[int], world: int) -> set[int]:
-    return set() if world and len(blamed) >= world else blamed
+    """No rank is blamed when all of them are (a job that ended), unless the job has only one."""
+    return set() if world > 1 and len(blamed) >= world else blamed
 
 
 def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str, set[int]]:
@@ -58,7 +59,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                 if group.get("stalled"):
                     lines.append(f"{node}: {group.get('summary')}")
                     blamed |= set(group.get("behind", [])) | set(group.get("stale", [])) | \
-                        set((group.get("desync") or {}).get("odd", []))
+                        set((group.get("desync") or {}).get("odd", [])) | \
+                        set(group.get("stopped", [])) | set(group.get("quiet_ranks", []))
             # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
             # slow import shows up there); what blames a rank is in its groups and its exit.
             described = {**job, "groups": None, "ranks": [

@@ -175,6 +175,13 @@ STALLED = MetricSpec(
     "How long the group has completed nothing while a rank waits in a collective, as of the "
     "daemon's read (0: nothing waits); stalled beyond llmmon_nccl_stall_threshold_seconds.",
     ("job_id", "pg"))
+QUIET = MetricSpec(
+    "llmmon_nccl_quiet_seconds", "gauge",
+    "How long no rank of the job on this node enqueued or completed a collective of any group, "
+    "while nothing of this group is in flight and a rank still reports or is stopped (0 "
+    "otherwise): every rank here stuck before its next collective, or frozen. Stalled beyond "
+    "llmmon_nccl_stall_threshold_seconds (LLMTrainingHang, reason=no_rank_enqueues).",
+    ("job_id", "pg"))
 READ = MetricSpec(
     "llmmon_ranks_spool_read_bytes_total", "counter",
     "Bytes of spool files the daemon read: each new version of a state or whole-ring entries "
@@ -230,8 +237,8 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GAP, GAP_BASELINE, GAP_INSIDE,
-             TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
+             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, QUIET, GAP, GAP_BASELINE,
+             GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -469,6 +476,7 @@ class RanksCollector(Collector):
                 families.add(USUAL, [job_id, group["pg"], str(found["seq"]), found["majority"]], 1)
             families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
             families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
+            families.add(QUIET, [job_id, group["pg"]], group["quiet_seconds"])
             if group["gap"]:
                 families.add(GAP, [job_id, group["pg"]], group["gap"]["recent_seconds"])
                 if group["gap"]["baseline_seconds"] is not None:

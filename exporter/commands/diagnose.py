@@ -122,10 +122,13 @@ class RanksBranch:
                         f"job {job['job_id']}, rank {rank['rank']}: reporter disabled itself: "
                         f"{rank['reporter']['disabled_reason']}", {"rank": rank}))
                 elif not rank["up"] and rank["rank"] not in ended:
+                    frozen = ": its process is stopped (state T: SIGSTOP or a debugger)" \
+                        if rank["doing"]["stopped"] else ""
                     findings.append(Finding(
                         self.name, "warning",
                         f"job {job['job_id']}, rank {rank['rank']} (pid {rank['pid']}) stopped "
-                        f"reporting {rank['report_age_seconds']:.0f} s ago", {"rank": rank}))
+                        f"reporting {rank['report_age_seconds']:.0f} s ago{frozen}",
+                        {"rank": rank}))
             for group in job["groups"]:
                 severity = "critical" if group["stalled"] else "ok" if group["op"] is None \
                     else "info"

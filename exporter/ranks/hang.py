@@ -49,6 +49,13 @@ class _Job:
     processes: dict[int, Process | None]
     end: dict[str, Any] | None
 
+    def quiet(self, now: float) -> float:
+        """Seconds since any of its ranks here enqueued or completed a collective of any
+        group: a group used only at start-up is not quiet while another one progresses."""
+        noted = [n for t in self.tracks for pg in t.state.progress
+                 for n in (t.last_progress(pg), t.last_enqueue(pg)) if n is not None]
+        return now - max(noted, default=now)
+
     def doing(self, track: RankTrack, now: float, window: float,
               limits: Limits) -> culprit.Doing:
         return culprit.doing(track, self.processes[track.state.identity.rank], now, window,
@@ -127,6 +134,17 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     stalled = (bool(op) and job.end is None and stalled_for >= learned.threshold
                and bool(set(waiting) - set(stale) or stopped)
                and (not (busy or remote) or stalled_for >= limits.stall_after))
+    # Nothing in flight and the job's ranks here quiet on every group: each is stuck before
+    # its next collective (a one-rank job's loader, a dead file system under every rank), or
+    # frozen.  Peers elsewhere would wait inside the collective and their daemons name these
+    # ranks behind; this daemon says what they do.  Ranks silent and unseen are gone, not hung;
+    # a rank that uses CPU or I/O is working outside collectives (an evaluation), not hung.
+    present = [t.state.identity.rank for t in members
+               if t.state.identity.rank not in stale or doing[t.state.identity.rank].stopped]
+    quiet = job.quiet(now) if not op and job.end is None and present else 0.0
+    idle_busy = sorted(r for r in present if doing[r].busy) if quiet else []
+    if quiet and quiet >= learned.threshold and not idle_busy:
+        stalled = True  # a rank that works (an evaluation, a checkpoint) holds it off for good
     group = {
         "job_id": job_id, "pg": pg, "pg_desc": meta.desc if meta else "",
         "size": meta.size if meta else None,
@@ -139,19 +157,22 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "behind": behind if waiting else [],  # nobody waits: a rank behind is just idle
         "stale": stale,
         "stopped": stopped,
-        "busy": busy,
+        "busy": busy or idle_busy,
         "remote": remote,
         "op": op,
         "issued": {str(r): desync.compared(e) for r, e in sorted(issued.items())} if shown else {},
         "desync": found,
         "no_progress_seconds": round(since, 3),
         "stalled_seconds": round(stalled_for, 3),
+        "quiet_seconds": round(quiet, 3),
+        "quiet_ranks": present if quiet else [],
         "pace": learned.json(),
         "gap": gap.json() if gap else None,
         "stall_threshold_seconds": round(learned.threshold, 3),
         "stall_ceiling_seconds": limits.stall_after,
         "stalled": stalled,
-        "doing": {str(r): doing[r].json() for r in behind + stopped if op},
+        "doing": {str(r): doing[r].json()
+                  for r in (behind + stopped if op else present if quiet else [])},
     }
     group["summary"] = summary(group, progress, {r: d.text(window, _report_age(job, r, now))
                                                  for r, d in doing.items()}, job.end)
@@ -173,6 +194,8 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
     found = group.get("desync")
     if end is not None:
         return f"{head}: not a hang: {end['summary']}" + (desync.text(found) if found else "")
+    if op is None and group["quiet_seconds"] >= group["stall_threshold_seconds"]:
+        return _quiet_summary(head, group, doing)
     if op is None:
         return f"{head}: nothing in flight (last completed #{group['last_completed']})"
     name = f"{op['coll'] or 'collective'} #{op['seq']}"
@@ -208,6 +231,24 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
                  + (f"; a rank behind on another node gets {group['stall_ceiling_seconds']:.0f} s"
                     " here: its own node's daemon judges it at the learned threshold"
                     if group["remote"] else "") + ")")
+    return text
+
+
+def _quiet_summary(head: str, group: dict[str, Any], doing: dict[int, str]) -> str:
+    """A group with nothing in flight whose ranks here have enqueued nothing for too long."""
+    text = (f"{head}: nothing in flight, and no rank here enqueued a collective of any group "
+            f"for {group['quiet_seconds']:.0f} s (last completed #{group['last_completed']}; "
+            f"the job's pace allows {group['stall_threshold_seconds']:.0f} s): every rank here "
+            "is " + ("stopped or " if group["stopped"] else "") + "stuck before its next collective")
+    for rank in group["quiet_ranks"]:
+        said = doing.get(rank) or "it is outside any collective"
+        text += f"; rank {rank} {said}".replace(" it is ", " is ", 1)
+    if group["size"] and group["size"] > len(group["local_ranks"]):
+        text += (f" (group ranks {group['ranks']}: ranks on other nodes wait for these, and "
+                 "their daemons name them behind)")
+    if not group["stalled"]:
+        text += (" (not called stalled while a rank here works: an evaluation or a checkpoint "
+                 "without collectives)")
     return text
 
 

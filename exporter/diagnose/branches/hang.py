@@ -40,6 +40,34 @@ def _doing(sample: Sample | None, idle: Sample | None) -> str:
     return ": it is " + ", ".join(parts)
 
 
+def _quiet(view: View, t: Thresholds, members: list[Sample], head: str, quiet: list[Sample],
+           window: float, idle: list[dict[tuple[str, ...], Sample]],
+           doing: dict[tuple[str, ...], Sample]) -> list[Evidence]:
+    """Nothing in flight: hung when no rank enqueued anything for longer than the window on
+    every node (`llmmon_nccl_quiet_seconds`, 0 on a node whose ranks progress) and no rank
+    works, as LLMTrainingHang{reason="no_rank_enqueues"} judges; the group's evidence and one
+    per rank, or one calm line while a rank works, or nothing."""
+    seconds = min((s.value for s in quiet), default=0.0)
+    if seconds <= window:
+        return []
+    rank_key = ("cluster", "job_id", "rank")
+    text = (f"{head}: nothing in flight and no rank enqueued a collective for "
+            f"{d.seconds(seconds)} (window {window:.0f} s)")
+    working = [m for m in members if any(
+        i.get(key(m, rank_key)) is not None and i[key(m, rank_key)].value < t.hang_busy_seconds
+        for i in idle)]
+    if working:
+        return [d.evidence(members[0], ("job_id", "pg"), f"{text}: {d.rank(working[0])} "
+                           "works (CPU or I/O): an evaluation or a checkpoint, not a hang")]
+    return [d.evidence(members[0], ("job_id", "pg"), f"{text}: every rank is stuck before "
+                       "its next collective", stalled_seconds=seconds)] + [
+        d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} enqueued nothing since "
+                   f"#{m.value:.0f}" + _doing(doing.get(key(m, rank_key)),
+                                              idle[0].get(key(m, rank_key))),
+                   last_enqueued=m.value)
+        for m in members]
+
+
 def progress(view: View, t: Thresholds) -> Outcome:
     enqueued = view.instant("llmmon_nccl_last_enqueued_seq")
     if not enqueued:
@@ -51,6 +79,7 @@ def progress(view: View, t: Thresholds) -> Outcome:
     # ended ranks, busy ranks, what a rank behind is doing.
     learned = group(view.instant("llmmon_nccl_stall_threshold_seconds"), *GROUP_KEY)
     measured = group(view.instant("llmmon_nccl_stalled_seconds"), *GROUP_KEY)
+    quiet = group(view.instant("llmmon_nccl_quiet_seconds"), *GROUP_KEY)
     ended = {key(s, ("cluster", "job_id")) for s in view.instant("llmmon_rank_alive")
              if s.value == 0}
     rank_key = ("cluster", "job_id", "rank")
@@ -73,8 +102,12 @@ def progress(view: View, t: Thresholds) -> Outcome:
                                    "ended (llmmon_rank_alive 0): the job ended, not a hang"))
             continue
         if not waiting:
-            calm.append(d.evidence(members[0], ("job_id", "pg"),
-                                   f"{head}: nothing in flight (last completed #{frontier - 1})"))
+            found = _quiet(view, t, members, head, quiet.get(where, []),
+                           max((s.value for s in learned.get(where, [])),
+                               default=t.hang_window_seconds), idle, doing)
+            (hung if len(found) > 1 else calm).extend(found or [d.evidence(
+                members[0], ("job_id", "pg"),
+                f"{head}: nothing in flight (last completed #{frontier - 1})")])
             continue
         since = max((view.now - s.value for s in noted.get(where, [])), default=0.0)
         oldest = max((s.value for s in inflight.get(where, [])), default=0.0)
