@@ -98,9 +98,12 @@ def test_sequences_advance_on_every_rank_and_the_metrics_are_consistent(
     assert not series(samples, "llmmon_nccl_collective_duration_seconds_count")
     assert not series(samples, "llmmon_nccl_bus_bytes_total")
 
-    # The daemon's own view over HTTP agrees: one job, nothing stalled, nobody behind.
+    # The daemon's own view over HTTP agrees: one job, nobody waits or is behind.  (Its ranks
+    # sleep in --hold after training, outside any collective: past the learned threshold that
+    # is the quiet stall of a job whose every rank is stuck before its next collective.)
     assert [j["job_id"] for j in api["jobs"]] == [job_id]
-    assert api["jobs"][0]["stalled_groups"] == []
+    assert [g["pg"] for g in api["jobs"][0]["groups"] if g["stalled"] and (
+        g["op"] is not None or g["quiet_ranks"] != [0, 1, 2])] == []
     assert [r["rank"] for r in api["jobs"][0]["ranks"]] == [0, 1, 2]
     assert all(not g["behind"] for g in api["jobs"][0]["groups"])
     assert f'llmmon_nccl_last_enqueued_seq{{job_id="{job_id}",pg="0",rank="2"}} {final}.0' \
