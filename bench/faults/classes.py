@@ -27,6 +27,8 @@ class FaultClass:
     background: bool = False  # long: runs beside the others for the whole bench
     warmup: float = 30.0  # healthy seconds before the fault
     notes: str = ""
+    also: tuple[int, ...] = ()  # ranks as much to blame as the culprit (none wrongly blamed)
+    needs_page: bool = False  # watched until the notification names it too, in any run
 
     @property
     def cause_re(self) -> re.Pattern[str]:
@@ -45,6 +47,11 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
     return (
         FaultClass("loader", "loader", 3, r"load_next_batch", HANG_WINDOW,
                    notes="rank 3's data loader never returns (sleeps in load_next_batch)"),
+        FaultClass("loader-all", "loader-all", 3, r"stuck before its next collective|"
+                   r"no rank .*enqueued", HANG_WINDOW, also=(0, 1, 2), needs_page=True,
+                   notes="every rank's data loader never returns (a file system dead under all "
+                   "of them): nobody waits inside a collective, so no rank is behind; right if "
+                   "rank 3 (node-b) is named as stuck before its next collective"),
         FaultClass("lock", "lock", 3, r"update_metrics|\block\b", HANG_WINDOW,
                    notes="rank 3 deadlocks on a lock it holds (update_metrics)"),
         FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW,
@@ -121,7 +128,8 @@ class Sighting:
             named = not blamed and bool(fault.cause_re.search(about))
         else:
             named = fault.culprit in blamed
-        self.blamed_wrong |= blamed - ({fault.culprit} if fault.culprit is not None else set())
+        self.blamed_wrong |= blamed - ({fault.culprit} if fault.culprit is not None else set()) \
+            - set(fault.also)
         if named and self.named_at is None:
             self.named_at, self.said = t, text
         if not self.said:

@@ -154,7 +154,7 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
     # The notification column: pages, and tickets for the classes whose alert is a warning.
     run.sources["page"].observe(t, "\n".join(filter(None, (text, tickets))),
                                 blamed | ticket_blamed, fault, run.job.job_id)
-    if run.finished(now, needed):
+    if run.finished(now, (*needed, "page") if fault.needs_page else needed):
         run.phase = "done"
 
 

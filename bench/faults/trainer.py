@@ -7,6 +7,7 @@ asks for the fault by writing a step number into `<ctl>/go`; the culprit rank(s)
 time) the moment they inject it, so latencies count from the fault itself.  Faults (`--fault`):
 
   loader      the culprit's data loader never returns (sleeps in `load_next_batch`)
+  loader-all  every rank's data loader never returns (a file system dead under all of them)
   lock        the culprit deadlocks on a lock it already holds
   exit        the culprit exits with code 3 (sys.exit)
   sigkill     the culprit is killed (SIGKILL)
@@ -144,7 +145,7 @@ def main() -> None:
         fault = args.fault if (injected or step >= fault_step(go)) else "none"
         if fault != "none" and not injected:
             injected = True
-            if culprit or (fault == "checkpoint" and rank == 0):
+            if culprit or (fault == "checkpoint" and rank == 0) or fault == "loader-all":
                 mark_onset(args.ctl, rank)
             if culprit and fault == "exit":
                 sys.exit(3)
@@ -163,7 +164,8 @@ def main() -> None:
             if rank == 0:
                 mark_onset(args.ctl, rank)
             time.sleep(args.pause if rank == 0 else args.pause / 3)  # "compiling"
-        data = load_next_batch(step, rank, culprit and fault == "loader",
+        data = load_next_batch(step, rank, (culprit and fault == "loader") or
+                               fault == "loader-all",
                                args.starve if fault == "starved" else 0.0)
         update_metrics(culprit and fault == "lock")
         # "Compute": a fixed time per step, not a pace to keep: a rank paced to its own clock

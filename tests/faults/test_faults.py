@@ -1,7 +1,9 @@
 """The fault benchmark's correctness subset: real torchrun/gloo jobs over two simulated nodes
 (bench/faults/), the daemons at their defaults, real Prometheus and Alertmanager.
 
-Eight classes run side by side: rank 3 (node-b) stuck in its data loader, rank 3 frozen by
+Nine classes run side by side: rank 3 (node-b) stuck in its data loader, every rank stuck in
+its data loader (nobody waits inside a collective: paged by LLMTrainingHang, reason
+no_rank_enqueues, through the real Prometheus and Alertmanager), rank 3 frozen by
 SIGSTOP (its reporter too), rank 3 leaving with sys.exit(3), rank 3 killed by SIGKILL (torchrun
 tears the rest of each of those two jobs down), the link between the nodes degraded (a lossy
 tbf, or netem where the kernel has it), the link slowed without loss (a tbf with a deep queue),
@@ -24,7 +26,7 @@ import pytest
 from bench.faults.classes import classes
 from bench.faults.run import bench
 
-WANTED = {"loader": 240.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
+WANTED = {"loader": 240.0, "loader-all": 300.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
           "network": 240.0, "network-delay": 240.0, "starved": 240.0,
           "healthy": 150.0}  # class -> window (s)
 # Healthy seconds before the fault: enough to see each rank step; the slowdown classes compare
@@ -51,6 +53,21 @@ def test_a_rank_stuck_in_its_data_loader_is_the_rank_behind(results: dict) -> No
     assert "rank 3 never enqueued" in api["said"], api["said"]
     assert diagnose["named_at"] is not None and "rank 3" in diagnose["said"], diagnose
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+
+
+def test_every_rank_stuck_before_a_collective_is_a_quiet_hang_and_pages(results: dict) -> None:
+    r = results["loader-all"]
+    assert not r["error"], r
+    api, diagnose, page = (r["sources"][k] for k in ("api", "diagnose", "page"))
+    assert api["named_at"] is not None and api["cause_at"] is not None, api
+    assert "every rank here is stuck before its next collective" in api["said"], api["said"]
+    assert "rank 3 is in load_next_batch (trainer.py:" in api["said"], api["said"]
+    assert diagnose["named_at"] is not None and "rank 3" in diagnose["said"], diagnose
+    # the page: LLMTrainingHang{reason="no_rank_enqueues"} per rank, rank 3's with its pod and node
+    assert page["named_at"] is not None and page["cause_at"] is not None, page
+    assert "LLMTrainingHang no_rank_enqueues: Rank 3 of job" in page["said"], page["said"]
+    assert f"(pod bench/{r['job_id']}-node-b) on node node-b" in page["said"], page["said"]
+    assert r["blamed_wrong"] == [], r
 
 
 def test_a_frozen_rank_is_named_from_its_silence_while_its_peers_report(results: dict) -> None:
