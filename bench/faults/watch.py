@@ -29,6 +29,9 @@ def _strings(value: Any, keys: tuple[str, ...], inside: bool = False) -> Iterabl
         yield str(value)
 
 
+QUIET = "stuck before its next collective"  # a quiet hang names every rank, and is no end
+
+
 def _job_ended(blamed: set[int], world: int) -> set[int]:
     """No rank is blamed when all of them are (a job that ended), unless the job has only one."""
     return set() if world > 1 and len(blamed) >= world else blamed
@@ -38,6 +41,7 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
     """The job's stalled groups, its end, down ranks and any verdicts, over both daemons."""
     lines: list[str] = []
     blamed: set[int] = set()
+    quiet: set[int] = set()  # ranks a quiet hang names: all of them may be, and rightly
     down: set[int] = set()
     up = 0
     for node, answer in sorted(ranks.items()):
@@ -60,7 +64,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                     lines.append(f"{node}: {group.get('summary')}")
                     blamed |= set(group.get("behind", [])) | set(group.get("stale", [])) | \
                         set((group.get("desync") or {}).get("odd", [])) | \
-                        set(group.get("stopped", [])) | set(group.get("quiet_ranks", []))
+                        set(group.get("stopped", []))
+                    quiet |= set(group.get("quiet_ranks", []))
             # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
             # slow import shows up there); what blames a rank is in its groups and its exit.
             described = {**job, "groups": None, "ranks": [
@@ -74,7 +79,7 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                     lines.append(f"{node}: {text}")
     if up:  # some ranks still report: the silent ones are suspects
         blamed |= down
-    return "\n".join(lines), _job_ended(blamed, world)
+    return "\n".join(lines), _job_ended(blamed, world) | quiet
 
 
 def _cli(*argv: str) -> str:
@@ -113,9 +118,10 @@ def diagnose(claims: dict[str, list[str]], job_id: str, world: int) -> tuple[str
     lines = [f"{node}: {line}" for node, found in sorted(claims.items()) for line in found
              if job_id in line]
     blamed: set[int] = set()
+    quiet: set[int] = set()
     for line in lines:
-        blamed |= ranks_in(line.split(job_id, 1)[1])
-    return "\n".join(lines), _job_ended(blamed, world)
+        (quiet if QUIET in line else blamed).update(ranks_in(line.split(job_id, 1)[1]))
+    return "\n".join(lines), _job_ended(blamed, world) | quiet
 
 
 def pages(notifications: list[Any], job_id: str, receivers: tuple[str, ...]

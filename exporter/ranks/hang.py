@@ -236,16 +236,17 @@ def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, st
 
 def _quiet_summary(head: str, group: dict[str, Any], doing: dict[int, str]) -> str:
     """A group with nothing in flight whose ranks here have enqueued nothing for too long."""
+    stopped = "stopped or " if group["stopped"] else ""
     text = (f"{head}: nothing in flight, and no rank here enqueued a collective of any group "
             f"for {group['quiet_seconds']:.0f} s (last completed #{group['last_completed']}; "
             f"the job's pace allows {group['stall_threshold_seconds']:.0f} s): every rank here "
-            "is " + ("stopped or " if group["stopped"] else "") + "stuck before its next collective")
+            f"is {stopped}stuck before its next collective")
     for rank in group["quiet_ranks"]:
         said = doing.get(rank) or "it is outside any collective"
         text += f"; rank {rank} {said}".replace(" it is ", " is ", 1)
     if group["size"] and group["size"] > len(group["local_ranks"]):
-        text += (f" (group ranks {group['ranks']}: ranks on other nodes wait for these, and "
-                 "their daemons name them behind)")
+        text += (f" (group ranks {group['ranks']}: a rank of another node that waits inside a "
+                 "collective for these is named by its own daemon, with these behind)")
     if not group["stalled"]:
         text += (" (not called stalled while a rank here works: an evaluation or a checkpoint "
                  "without collectives)")

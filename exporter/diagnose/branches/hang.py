@@ -40,16 +40,16 @@ def _doing(sample: Sample | None, idle: Sample | None) -> str:
     return ": it is " + ", ".join(parts)
 
 
-def _quiet(view: View, t: Thresholds, members: list[Sample], head: str, quiet: list[Sample],
+def _quiet(t: Thresholds, members: list[Sample], head: str, quiet: list[Sample],
            window: float, idle: list[dict[tuple[str, ...], Sample]],
-           doing: dict[tuple[str, ...], Sample]) -> list[Evidence]:
+           doing: dict[tuple[str, ...], Sample]) -> tuple[bool, list[Evidence]]:
     """Nothing in flight: hung when no rank enqueued anything for longer than the window on
     every node (`llmmon_nccl_quiet_seconds`, 0 on a node whose ranks progress) and no rank
-    works, as LLMTrainingHang{reason="no_rank_enqueues"} judges; the group's evidence and one
-    per rank, or one calm line while a rank works, or nothing."""
+    works, as LLMTrainingHang{reason="no_rank_enqueues"} judges.  (hung, evidence): the
+    group's and one per rank; one calm line while a rank works; nothing while within it."""
     seconds = min((s.value for s in quiet), default=0.0)
     if seconds <= window:
-        return []
+        return False, []
     rank_key = ("cluster", "job_id", "rank")
     text = (f"{head}: nothing in flight and no rank enqueued a collective for "
             f"{d.seconds(seconds)} (window {window:.0f} s)")
@@ -57,10 +57,10 @@ def _quiet(view: View, t: Thresholds, members: list[Sample], head: str, quiet: l
         i.get(key(m, rank_key)) is not None and i[key(m, rank_key)].value < t.hang_busy_seconds
         for i in idle)]
     if working:
-        return [d.evidence(members[0], ("job_id", "pg"), f"{text}: {d.rank(working[0])} "
-                           "works (CPU or I/O): an evaluation or a checkpoint, not a hang")]
-    return [d.evidence(members[0], ("job_id", "pg"), f"{text}: every rank is stuck before "
-                       "its next collective", stalled_seconds=seconds)] + [
+        return False, [d.evidence(members[0], ("job_id", "pg"), f"{text}: {d.rank(working[0])} "
+                                  "works (CPU or I/O): an evaluation or a checkpoint, not a hang")]
+    return True, [d.evidence(members[0], ("job_id", "pg"), f"{text}: every rank is stuck before "
+                             "its next collective", stalled_seconds=seconds)] + [
         d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} enqueued nothing since "
                    f"#{m.value:.0f}" + _doing(doing.get(key(m, rank_key)),
                                               idle[0].get(key(m, rank_key))),
@@ -102,10 +102,10 @@ def progress(view: View, t: Thresholds) -> Outcome:
                                    "ended (llmmon_rank_alive 0): the job ended, not a hang"))
             continue
         if not waiting:
-            found = _quiet(view, t, members, head, quiet.get(where, []),
-                           max((s.value for s in learned.get(where, [])),
-                               default=t.hang_window_seconds), idle, doing)
-            (hung if len(found) > 1 else calm).extend(found or [d.evidence(
+            stuck, found = _quiet(t, members, head, quiet.get(where, []),
+                                  max((s.value for s in learned.get(where, [])),
+                                      default=t.hang_window_seconds), idle, doing)
+            (hung if stuck else calm).extend(found or [d.evidence(
                 members[0], ("job_id", "pg"),
                 f"{head}: nothing in flight (last completed #{frontier - 1})")])
             continue
