@@ -139,8 +139,8 @@ class Sighting:
             self.cause_at = t
 
     def as_json(self) -> dict[str, object]:
-        return {"named_at": self.named_at, "cause_at": self.cause_at, "said": self.said[:2000],
-                "last_said": self.last[:2000],
+        return {"named_at": self.named_at, "cause_at": self.cause_at, "said": self.said[:4000],
+                "last_said": self.last[:4000],
                 "blamed_wrong": sorted(self.blamed_wrong)}
 
 

@@ -61,7 +61,9 @@ def test_every_rank_stuck_before_a_collective_is_a_quiet_hang_and_pages(results:
     api, diagnose, page = (r["sources"][k] for k in ("api", "diagnose", "page"))
     assert api["named_at"] is not None and api["cause_at"] is not None, api
     assert "every rank here is stuck before its next collective" in api["said"], api["said"]
-    assert "rank 3 is in load_next_batch (trainer.py:" in api["said"], api["said"]
+    # the daemon of rank 3's node says where it is (a library call, then the job's frame)
+    assert "rank 3 is in wait (threading) from load_next_batch (trainer.py:" in api["said"], \
+        api["said"]
     assert diagnose["named_at"] is not None and "rank 3" in diagnose["said"], diagnose
     # the page: LLMTrainingHang{reason="no_rank_enqueues"} per rank, rank 3's with its pod and node
     assert page["named_at"] is not None and page["cause_at"] is not None, page
