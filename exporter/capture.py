@@ -64,7 +64,7 @@ MODULES = ("nvidia", "nvidia_peermem", "nv_peer_mem")
 # one instant reading).  XID counts are events, not state: a snapshot cannot hold them.
 VOLATILE = (
     r"llmmon_exporter_collector_(duration_seconds|last_success_timestamp_seconds)\{",
-    r"llmmon_gpu_power_instant_(watts|min_watts|mean_watts|max_watts|samples_total)\{",
+    r"llmmon_gpu_power_instant_(watts|min_watts|min_ratio|mean_watts|max_watts|samples_total)\{",
     r"llmmon_gpu_power_(dips|low_seconds)_total\{",
     r"llmmon_rank_report_age_seconds\{",
     r"llmmon_nccl_(last_progress_timestamp_seconds|oldest_inflight_age_seconds|quiet_seconds)\{",

@@ -51,6 +51,7 @@ PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 step "llmmon serve on 127.0.0.1:$PORT (gpu collector every 1 s, slow calls every 5 s)"
 python3 -m llmmon serve --web.listen-address="127.0.0.1:$PORT" --collector.disable-defaults \
   --collector.gpu --collector.gpu.interval=1s --collector.gpu.slow-interval=5s \
+  --collector.gpu.power-instant-latest \
   "${SERVE_EXTRA[@]}" > "$OUT/serve.log" 2>&1 &
 SERVE_PID=$!
 

@@ -64,6 +64,10 @@ POWER_INSTANT = _spec("llmmon_gpu_power_instant_watts", "gauge",
                       "Latest instant power sample (NVML_FI_DEV_POWER_INSTANT).")
 POWER_MIN = _spec("llmmon_gpu_power_instant_min_watts", "gauge",
                   "Lowest instant power sample since the previous collector run.")
+POWER_MIN_RATIO = _spec("llmmon_gpu_power_instant_min_ratio", "gauge",
+                        "Lowest instant power sample since the previous collector run, as a "
+                        "share of the enforced power limit (the wall's power timeline: one "
+                        "series a GPU, no join to the limit at query time).")
 POWER_MEAN = _spec("llmmon_gpu_power_instant_mean_watts", "gauge",
                    "Mean of the instant power samples since the previous collector run.")
 POWER_MAX = _spec("llmmon_gpu_power_instant_max_watts", "gauge",
@@ -335,8 +339,8 @@ class GpuCollector(Collector):
     name = "gpu"
     description = ("NVIDIA GPUs over NVML: power with 20 Hz dip detection, throttling, memory, "
                    "errors, XIDs, tensor activity and per-process pod attribution.")
-    specs = (INFO, UP, POWER, POWER_INSTANT, POWER_MIN, POWER_MEAN, POWER_MAX, POWER_SAMPLES,
-             POWER_DIPS, POWER_LOW, POWER_LIMIT, POWER_LIMIT_BOUND, ENERGY, TEMPERATURE,
+    specs = (INFO, UP, POWER, POWER_INSTANT, POWER_MIN, POWER_MIN_RATIO, POWER_MEAN, POWER_MAX,
+             POWER_SAMPLES, POWER_DIPS, POWER_LOW, POWER_LIMIT, POWER_LIMIT_BOUND, ENERGY, TEMPERATURE,
              TEMPERATURE_THRESHOLD, CLOCK, CLOCK_MAX, CLOCK_EVENT, THROTTLE, UTILIZATION,
              MEMORY_CONTROLLER, SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, MEMORY,
              ECC, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, PCIE_BYTES,
@@ -366,6 +370,10 @@ class GpuCollector(Collector):
                "Also export llmmon_gpu_power_limit_bound_watts (the min, max and default "
                "power limit the driver allows: 3 static series per GPU that no shipped rule "
                "or dashboard reads; llmmon_gpu_power_limit_watts is always exported)."),
+        Option("power_instant_latest", "bool", False,
+               "Also export llmmon_gpu_power_instant_watts, the latest 20 Hz sample (one series "
+               "per GPU that no shipped rule or dashboard reads: the window's min, mean and max "
+               "are always exported)."),
         Option("peak_flops_dtypes", "list", "bf16",
                "Dtypes whose llmmon_gpu_peak_flops is exported (bf16, fp16, fp8, tf32; "
                "default bf16, the MFU denominator the shipped rules read: each other dtype is "
@@ -546,10 +554,13 @@ class GpuCollector(Collector):
         if window is not None:
             out.append((POWER_SAMPLES, gpu.labels, window.samples_total))
             if window.mean_watts is not None:
-                out += [(POWER_INSTANT, gpu.labels, window.last_watts),
-                        (POWER_MIN, gpu.labels, window.min_watts),
+                if self.config["power_instant_latest"]:
+                    out.append((POWER_INSTANT, gpu.labels, window.last_watts))
+                out += [(POWER_MIN, gpu.labels, window.min_watts),
                         (POWER_MEAN, gpu.labels, window.mean_watts),
                         (POWER_MAX, gpu.labels, window.max_watts)]
+            if window.min_ratio is not None:
+                out.append((POWER_MIN_RATIO, gpu.labels, window.min_ratio))
             if window.dips_total is not None:
                 out += [(POWER_DIPS, gpu.labels, window.dips_total),
                         (POWER_LOW, gpu.labels, window.low_seconds_total)]

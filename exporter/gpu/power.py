@@ -40,6 +40,13 @@ class PowerWindow:
     samples_total: int
     dips_total: int | None  # None while the enforced power limit (hence the levels) is unknown
     low_seconds_total: float | None
+    limit_watts: float | None = None  # the enforced power limit the levels follow
+
+    @property
+    def min_ratio(self) -> float | None:
+        """The lowest sample as a share of the power limit (None while either is unknown)."""
+        return self.min_watts / self.limit_watts \
+            if self.min_watts is not None and self.limit_watts else None
 
 
 class _Track:
@@ -125,7 +132,8 @@ class PowerSampler:
                 max(window) if window else None,
                 track.samples,
                 track.dips if known else None,
-                track.low_seconds if known else None)
+                track.low_seconds if known else None,
+                track.limit_watts)
 
     # the thread ----------------------------------------------------------------------
     def start(self) -> None:

@@ -35,7 +35,8 @@ def captured(name: str, **labels: str) -> tuple[str, tuple]:
 @pytest.fixture
 def eight(gpu_collector):
     """Two runs over the 8-GPU fixture with 40 instant power ticks and every XID between."""
-    collector = gpu_collector(H200X8, power_limit_bounds=True)  # the golden has every family
+    collector = gpu_collector(H200X8, power_limit_bounds=True,  # the golden has every family
+                              power_instant_latest=True)
     collector.xid.clock = lambda: XID_TIME
     _, first, _ = run(collector)  # discovers the GPUs; the power sampler learns their limits
     assert first.error_count == 0, first.errors
@@ -53,12 +54,18 @@ def test_golden_exposition_of_eight_gpus(eight) -> None:
     compare_golden("gpu.prom", text)
 
 
-def test_power_limit_bounds_are_off_by_default(gpu_collector) -> None:
-    samples, ctx, _ = run(gpu_collector(H200X8))
+def test_power_limit_bounds_and_the_latest_instant_sample_are_off_by_default(
+        gpu_collector) -> None:
+    collector = gpu_collector(H200X8)
+    run(collector)  # the power sampler learns the limits
+    collector.power.tick(0.0)
+    samples, ctx, _ = run(collector)
     assert ctx.error_count == 0, ctx.errors
     names = {name for name, _ in samples}
-    assert "llmmon_gpu_power_limit_watts" in names
+    assert {"llmmon_gpu_power_limit_watts", "llmmon_gpu_power_instant_min_ratio",
+            "llmmon_gpu_power_instant_min_watts"} <= names
     assert "llmmon_gpu_power_limit_bound_watts" not in names
+    assert "llmmon_gpu_power_instant_watts" not in names
 
 
 def test_promtool_lints_the_exposition_clean(eight) -> None:
@@ -78,6 +85,12 @@ def test_what_each_gpu_of_the_fixture_shows(eight) -> None:
                 if s["phase"] == "starved"][:40]
     assert samples[gpu("llmmon_gpu_power_instant_min_watts", 1)] == min(replayed)
     assert samples[gpu("llmmon_gpu_power_instant_max_watts", 1)] == max(replayed)
+    # the wall's timeline reads the lowest sample's share of the limit, computed here
+    for index in range(8):
+        assert samples[gpu("llmmon_gpu_power_instant_min_ratio", index)] == pytest.approx(
+            samples[gpu("llmmon_gpu_power_instant_min_watts", index)]
+            / samples[gpu("llmmon_gpu_power_limit_watts", index)])
+    assert samples[gpu("llmmon_gpu_power_instant_min_ratio", 1)] < 0.25  # a blue row
     assert samples[gpu("llmmon_gpu_power_instant_mean_watts", 1)] == \
         pytest.approx(sum(replayed) / 40)
     assert samples[gpu("llmmon_gpu_power_instant_samples_total", 1)] == 40

@@ -50,7 +50,7 @@ def scraped(server: Server) -> str:
     while True:
         text = requests.get(server.url + "/metrics", timeout=10).text
         gpus = text.count("\nllmmon_gpu_info{")
-        windows = text.count("\nllmmon_gpu_power_instant_watts{")
+        windows = text.count("\nllmmon_gpu_power_instant_min_watts{")
         gpm = text.count("\nllmmon_gpu_sm_active_ratio{")
         if (gpus and windows == gpus == gpm) or time.monotonic() > deadline:
             return MASK.sub(r"\1 <volatile>", text)
