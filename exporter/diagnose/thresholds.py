@@ -70,6 +70,7 @@ class Thresholds:
     network_slow_rate_window: str = "1m"
     network_slow_inside_share: float = 0.7
     network_slow_outside_share: float = 0.25
+    network_slow_inside_window: str = "2m"
     xid_action_window_seconds: float = 3600
     xid_paged_actions: tuple[str, ...] = ("reset_gpu", "reboot_node", "rma")
     pcie_busy_utilization: float = 0.5

@@ -91,3 +91,23 @@ def test_a_slowdown_spent_inside_the_collectives_is_the_network_even_without_los
 def test_one_observation_cannot_say() -> None:
     found = network_slow(_view(PACE + _tcp(0, {"netjob": 0})), Thresholds())
     assert found.verdict == "unknown", found
+
+
+def test_the_share_is_read_as_the_rule_reads_it_averaged_and_per_node() -> None:
+    # slowjob's share flickers (0.9, 0.95, then one read of 0.56 from a handful of status
+    # reports): averaged over network_slow_inside_window it is 0.80, as LLMTrainingNetworkSlow
+    # reads it; its second group keeps its pace and gives no share, which, as in the rule, does
+    # not stand for its node (a node with a pace and no share at all would read as 0)
+    pace = ('# TYPE llmmon_nccl_collective_gap_seconds gauge\n'
+            'llmmon_nccl_collective_gap_seconds{job_id="slowjob",pg="0"} 0.6\n'
+            'llmmon_nccl_collective_gap_seconds{job_id="slowjob",pg="1"} 0.2\n'
+            '# TYPE llmmon_nccl_collective_gap_baseline_seconds gauge\n'
+            'llmmon_nccl_collective_gap_baseline_seconds{job_id="slowjob",pg="0"} 0.2\n'
+            'llmmon_nccl_collective_gap_baseline_seconds{job_id="slowjob",pg="1"} 0.2\n')
+    reads = [pace + "# TYPE llmmon_nccl_collective_gap_inside_ratio gauge\n"
+             f'llmmon_nccl_collective_gap_inside_ratio{{job_id="slowjob",pg="0"}} {share}\n'
+             + _tcp(sent, {"slowjob": 0}) for share, sent in ((0.9, 0), (0.95, 500), (0.56, 900))]
+    found = network_slow(_view(*reads), Thresholds())
+    assert found.verdict == "suspect", found
+    assert [(e.subject, round(e.values["inside_share"], 2)) for e in found.evidence] == [
+        ({"job_id": "slowjob", "pg": "0"}, 0.8)]

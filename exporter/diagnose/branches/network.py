@@ -16,6 +16,7 @@ NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")
 PG = ("cluster", "job_id", "pg")
 GAP = ("cluster", "node", "job_id", "pg")
+NODE_JOB = ("cluster", "node", "job_id")
 FAR_PATHS = {"PHB": "through the host bridge", "NODE": "across host bridges of one NUMA node",
              "SYS": "across CPU sockets"}
 PFC = "node_netdev_priority:llmmon_nic_pfc_pause:ratio_rate1m"
@@ -207,13 +208,18 @@ def _slowest(view: View) -> dict[tuple[str, ...], Sample]:
             for job, members in group(ratios, *JOB).items()}
 
 
-def _inside(view: View) -> dict[tuple[str, ...], list[float | None]]:
-    """(cluster, job_id) -> per node and group with a pace, the share of the added time its
-    ranks spend inside collectives (None where the daemon could not tell)."""
-    shares = {key(s, GAP): s.value
-              for s in view.instant("llmmon_nccl_collective_gap_inside_ratio")}
-    return {job: [shares.get(key(s, GAP)) for s in members] for job, members in
-            group(view.instant("llmmon_nccl_collective_gap_seconds"), *JOB).items()}
+def _inside(view: View, t: Thresholds) -> dict[tuple[str, ...], list[float | None]]:
+    """(cluster, job_id) -> per node with a pace, the share of the added time its ranks spend
+    inside collectives, averaged over `network_slow_inside_window` and the largest of its
+    groups' (None where the daemon could not tell), as the rules read it: one read of a share
+    comes from a handful of status reports and flickers."""
+    shares: dict[tuple[str, ...], float] = {}
+    for s in view.mean_over_time("llmmon_nccl_collective_gap_inside_ratio",
+                                 t.network_slow_inside_window):
+        shares[key(s, NODE_JOB)] = max(s.value, shares.get(key(s, NODE_JOB), s.value))
+    paced = {key(s, NODE_JOB): s for s in view.instant("llmmon_nccl_collective_gap_seconds")}
+    return {job: [shares.get(key(s, NODE_JOB)) for s in members]
+            for job, members in group(list(paced.values()), *JOB).items()}
 
 
 def network_slow(view: View, t: Thresholds) -> Outcome:
@@ -221,7 +227,7 @@ def network_slow(view: View, t: Thresholds) -> Outcome:
     if not slowest:
         return unknown("no group pace to compare (needs the reporter, and a group completing "
                        "at least 5 collectives in 30 s with an earlier 30 s to compare with)")
-    inside = _inside(view)
+    inside = _inside(view, t)
     window = t.network_slow_rate_window
     lost = view.rate("llmmon_tcp_segments_retransmitted_total", window)
     sent = view.rate("llmmon_tcp_segments_sent_total", window)
@@ -241,7 +247,7 @@ def network_slow(view: View, t: Thresholds) -> Outcome:
         loss = worst.get(job)
         shares = inside.get(job, [])
         known = [share for share in shares if share is not None]
-        least = 0.0 if None in shares else min(known, default=0.0)  # as the rule reads it
+        least = min((share or 0.0 for share in shares), default=0.0)  # no share reads as 0
         head = f"job {pace.get('job_id')} runs {pace.value:.1f}x slower than its own pace " \
                f"(group {pace.get('pg')})"
         if least >= t.network_slow_inside_share:
@@ -341,5 +347,5 @@ BRANCH = BranchSpec(
                ("LLMTrainingNetworkSlow",),
                ("network_slow_factor", "network_slow_retransmit_share",
                 "network_slow_rate_window", "network_slow_inside_share",
-                "network_slow_outside_share")),
+                "network_slow_outside_share", "network_slow_inside_window")),
      CheckSpec("busbw", "Bus bandwidth vs reference", busbw, doc="bus-bandwidth")))
