@@ -104,15 +104,17 @@ class Job:
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str = "",
-             interval: float = 0.2) -> T:
-    """Poll until `probe` returns something truthy; fail with `what` after `timeout` s."""
+             interval: float = 0.2, context: Callable[[], object] | None = None) -> T:
+    """Poll until `probe` returns something truthy; fail with `what` after `timeout` s, and
+    with what `context` returns then (how things last looked: a rare timeout can be read)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            seen = f"; last seen: {context()}" if context is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
         time.sleep(interval)
 
 
@@ -163,6 +165,13 @@ def job_doc(collector: RanksCollector, job_id: str | None = None) -> dict[str, A
     scrape(collector)
     jobs = collector.evidence()["jobs"]
     return next((j for j in jobs if job_id is None or j["job_id"] == job_id), None)
+
+
+def group_doc(collector: RanksCollector, job_id: str | None = None, pg: str = "0"
+              ) -> dict[str, Any] | None:
+    """One collector run, then group `pg` of the job's document (`job_doc`)."""
+    job = job_doc(collector, job_id)
+    return None if job is None else next((g for g in job["groups"] if g["pg"] == pg), None)
 
 
 def reporting(collector: RanksCollector, ranks: int, progressed: int = 20

@@ -19,15 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from tests.conftest import ROOT
-from tests.ranks.jobs import Job, base_env, job_doc, reporting, scrape, series, wait_for, \
+from tests.ranks.jobs import Job, base_env, group_doc, reporting, scrape, series, wait_for, \
     watched_collector
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
-
-
-def group0(collector):  # type: ignore[no-untyped-def]
-    job = job_doc(collector)
-    return None if job is None else next(g for g in job["groups"] if g["pg"] == "0")
 
 
 def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) -> None:
@@ -40,22 +35,22 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
             wait_for(reporting(collector, 3), 240, "three ranks making progress")
 
-            seen: list[dict] = []
+            seen: list[tuple] = []  # (behind, stalled s, threshold s, basis): why a timeout
 
             def checkpointing() -> dict | None:
-                group = group0(collector)
+                group = group_doc(collector)
                 if group and group["behind"]:
-                    seen[:] = [{k: group[k] for k in ("behind", "stalled_seconds", "pace",
-                                                      "stall_threshold_seconds", "summary")}]
+                    look = (group["behind"], round(group["stalled_seconds"]),
+                            round(group["stall_threshold_seconds"]), group["pace"]["basis"])
+                    if not seen or seen[-1] != look:
+                        seen.append(look)
                 return group if group and group["behind"] == [0] and \
                     group["stalled_seconds"] > group["stall_threshold_seconds"] else None
-            try:
-                busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold")
-            except AssertionError as exc:  # what the group looked like last, while a rank lagged
-                raise AssertionError(f"{exc}; last seen with a rank behind: {seen}") from None
+            busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold",
+                            context=lambda: (seen[:30], seen[-30:], group_doc(collector)))
 
             def stuck() -> dict | None:
-                group = group0(collector)
+                group = group_doc(collector)
                 return group if group and group["stalled"] else None
             stalled = wait_for(stuck, 600, "the stuck data loader to stall group 0")
             samples, _, _ = scrape(collector)
@@ -95,7 +90,7 @@ def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
             fault = time.time()
             try:
                 def frozen() -> dict | None:
-                    group = group0(collector)
+                    group = group_doc(collector)
                     return group if group and group["stalled"] and group["stopped"] else None
                 group = wait_for(frozen, 120, "the stopped rank to stall its group")
                 latency = time.time() - fault
@@ -123,7 +118,7 @@ def test_a_rank_behind_on_another_node_is_left_to_its_own_nodes_daemon(tmp_path:
 
             def waiting(beyond: str) -> Callable[[], dict | None]:
                 def probe() -> dict | None:
-                    group = group0(collector)
+                    group = group_doc(collector)
                     return group if group and group["op"] and \
                         group["stalled_seconds"] > group[beyond] + 2 else None
                 return probe

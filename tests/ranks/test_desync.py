@@ -9,7 +9,8 @@ from pathlib import Path
 from llmmon.diagnose.branches import hang as hang_branch
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.window import LocalView, Window
-from tests.ranks.jobs import Job, base_env, job_doc, scrape, series, wait_for, watched_collector
+from tests.ranks.jobs import Job, base_env, group_doc, job_doc, scrape, series, wait_for, \
+    watched_collector
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
 
@@ -18,12 +19,11 @@ def test_the_rank_that_issued_another_collective_is_named_with_what_each_issued(
         tmp_path: Path) -> None:
     with watched_collector(tmp_path) as (spool, collector):
         env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="desync")
-        with Job(tmp_path, 3, [*LONG, "--culprit", "1", "--desync-at", "60"], env) as job:
+        with Job(tmp_path, 3, [*LONG, "--culprit", "1", "--desync-at", "60"], env):
             def desynced() -> dict | None:
-                doc = job_doc(collector)
-                group = next((g for g in doc["groups"] if g["pg"] == "0"), None) if doc else None
+                group = group_doc(collector)
                 return group if group and group["desync"] and group["issued"] else None
-            group = wait_for(desynced, 240, "the desync")
+            group = wait_for(desynced, 240, "the desync", context=lambda: job_doc(collector))
             samples = scrape(collector)[0]
     found = group["desync"]
     assert found["odd"] == [1], group
@@ -45,10 +45,9 @@ def test_two_ranks_that_disagree_are_told_apart_by_what_the_group_issued_before(
         env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="desync2")
         with Job(tmp_path, 2, [*LONG, "--culprit", "1", "--desync-at", "60"], env):
             def desynced() -> dict | None:
-                doc = job_doc(collector)
-                group = next((g for g in doc["groups"] if g["pg"] == "0"), None) if doc else None
+                group = group_doc(collector)
                 return group if group and group["desync"] else None
-            group = wait_for(desynced, 240, "the desync")
+            group = wait_for(desynced, 240, "the desync", context=lambda: job_doc(collector))
 
             def exported() -> tuple | None:  # the in-flight collectives: 5 s into the wait
                 samples, _, text = scrape(collector)

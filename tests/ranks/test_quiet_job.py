@@ -20,17 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.ranks.jobs import Job, base_env, job_doc, scrape, series, wait_for, \
-    watched_collector
+from tests.ranks.jobs import Job, base_env, group_doc, scrape, series, wait_for, watched_collector
 
 pytestmark = pytest.mark.slow
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
-
-
-def group0(collector, job_id: str):  # type: ignore[no-untyped-def]
-    job = job_doc(collector, job_id)
-    return None if job is None else next((g for g in job["groups"] if g["pg"] == "0"), None)
 
 
 def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path: Path) -> None:
@@ -42,7 +36,7 @@ def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path:
 
             def learned(job_id: str):  # type: ignore[no-untyped-def]
                 def probe() -> dict | None:
-                    group = group0(collector, job_id)
+                    group = group_doc(collector, job_id)
                     return group if group and group["pace"]["basis"] == "learned" else None
                 return probe
             wait_for(learned("frozen1"), 480, "the frozen job's pace learned")
@@ -50,7 +44,7 @@ def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path:
             try:
                 def stalled(job_id: str):  # type: ignore[no-untyped-def]
                     def probe() -> dict | None:
-                        group = group0(collector, job_id)
+                        group = group_doc(collector, job_id)
                         return group if group and group["stalled"] else None
                     return probe
                 loader = wait_for(stalled("solo"), 600, "the stuck one-rank job to stall")
