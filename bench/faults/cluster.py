@@ -200,7 +200,6 @@ class Job:
     index: int  # unique per bench run: namespace names and addresses
     nproc: tuple[int, ...]
     trainer_args: list[str]
-    local: bool = False  # one node, no network namespaces: torchrun --standalone (H200 variant)
     work: Path = field(init=False)
     launches: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -211,6 +210,11 @@ class Job:
     @property
     def ctl(self) -> Path:
         return self.work / "ctl"
+
+    @property
+    def local(self) -> bool:
+        """One node (the H200 variant): no network namespaces, torchrun --standalone."""
+        return len(self.cluster.names) == 1
 
     def ns(self, node: int) -> str:
         return f"{NS_PREFIX}{self.index}{'ab'[node]}"

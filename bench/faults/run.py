@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.faults import watch
 from bench.faults.classes import FaultClass, Sighting, classes
@@ -101,6 +101,15 @@ class Run:
 GO_AHEAD = 100  # steps past the count the API shows (it lags the ranks by a few seconds)
 
 
+def trainer_args(fault: FaultClass, spare: float) -> list[str]:
+    """The trainer's arguments for `fault`, running `spare` s past its window.  A class with
+    no culprit still names one rank, the last: it writes the onset file when the fault that
+    touches every rank (starved, loader-all) begins."""
+    culprit = fault.world - 1 if fault.culprit is None else fault.culprit
+    return ["--fault", fault.fault, "--culprit", str(culprit),
+            "--duration", str(fault.warmup + fault.window + spare), *fault.trainer_args]
+
+
 def _go(run: Run, now: float, ranks: dict[str, dict[str, Any]]) -> None:
     """Ask for the fault at a step every rank is yet to reach (written atomically)."""
     fault = run.fault
@@ -159,16 +168,22 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
 
 
 def bench(selected: list[FaultClass], parallel: int, work: Path,
-          needed: tuple[str, ...] = SOURCES) -> list[dict[str, Any]]:
+          needed: tuple[str, ...] = SOURCES, names: tuple[str, ...] = NODES,
+          alerting: bool = True, prefix: str = "faults", poll: float = POLL,
+          done: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+          ) -> list[dict[str, Any]]:
     """Run `selected`: background classes all at once, the others `parallel` at a time; a
-    class ends when its window does, or once every `needed` source named culprit and cause."""
+    class ends when its window does, or once every `needed` source named culprit and cause.
+    One of `names` is one local node, and without `alerting` no Prometheus or Alertmanager
+    runs (the H200 variant).  `done(result, ranks)` reports each class as it ends (default:
+    its table row)."""
     results: list[dict[str, Any]] = []
     queue = sorted(selected, key=lambda c: not c.background)
     active: list[Run] = []
     index = 0
-    with Cluster(work) as cluster:
-        print(f"daemons {[n.url for n in cluster.nodes]}, prometheus {cluster.prometheus}",
-              flush=True)
+    with Cluster(work, names=names, alerting=alerting) as cluster:
+        print(f"daemons {[n.url for n in cluster.nodes]}, prometheus "
+              f"{cluster.prometheus if cluster.alerting else '-'}", flush=True)
         polls = 0
         try:
             while queue or active:
@@ -176,11 +191,8 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                                  sum(not r.fault.background for r in active) < parallel):
                     fault = queue.pop(0)
                     index += 1
-                    job = Job(cluster, f"faults-{index}-{fault.name}", index, fault.nproc,
-                              ["--fault", fault.fault, "--culprit",
-                               str(3 if fault.culprit is None else fault.culprit),
-                               "--duration", str(fault.warmup + fault.window + 600),
-                               *fault.trainer_args])
+                    job = Job(cluster, f"{prefix}-{index}-{fault.name}", index, fault.nproc,
+                              trainer_args(fault, 600))
                     run = Run(fault, job)
                     try:
                         job.__enter__()
@@ -202,9 +214,12 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                         run.job.__exit__()
                         active.remove(run)
                         results.append(run.result())
-                        print(row(results[-1]), flush=True)
+                        if done is None:
+                            print(row(results[-1]), flush=True)
+                        else:
+                            done(results[-1], ranks)
                 polls += 1
-                time.sleep(max(0.0, POLL - (time.time() - now)))
+                time.sleep(max(0.0, poll - (time.time() - now)))
         except KeyboardInterrupt:  # stop, clean up, and still report what was measured
             print("interrupted", flush=True)
         finally:
@@ -212,7 +227,8 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                 run.job.__exit__()
                 run.error = run.error or "interrupted"
                 results.append(run.result())
-            remove_namespaces()
+            if len(names) > 1:
+                remove_namespaces()
     return results
 
 

@@ -3,15 +3,18 @@
     PYTHONPATH=.src:. python3 -m bench.h200.faults_check OUT [--window 120]   # on the H200
     PYTHONPATH=.src:. python3 -m bench.h200.faults_check OUT --dry-run        # CPU, gloo only
 
-One `llmmon serve` at its defaults and five jobs at once under `llmmon launch` (torchrun
+One `llmmon serve` at its defaults and seven jobs at once under `llmmon launch` (torchrun
 --standalone), every rank's "compute" bf16 matrix products on cuda:0 (bench/faults/trainer.py
 --gpu).  NCCL puts one rank on a GPU, so the NCCL jobs have one rank (DDP over NCCL, the model in
 bf16 on the GPU): a rank frozen with SIGSTOP, and one stuck in its data loader before the next
-collective.  The two-rank jobs train on the GPU and all-reduce through a gloo group (the side
-group a one-GPU machine allows): rank 1 stuck in its loader, rank 1 frozen; and a healthy one
-that must not be blamed.  Latencies count from the fault's onset, as in bench/faults/run.py,
-whose watchers and scoring this reuses (no Prometheus or Alertmanager here: API and diagnose).
-Writes OUT/faults_h200.json and prints the table.
+collective, and one whose loader slows 0.6 s a step (`starved-nccl`: where NCCL's ranks wait,
+which the slowdown's cause reads, measured on NCCL).  The two-rank jobs train on the GPU and
+all-reduce through a gloo group (the side group a one-GPU machine allows): rank 1 stuck in its
+loader, rank 1 frozen, both starved; and a healthy one that must not be blamed.  It is
+bench/faults/run.py's loop and scoring on one local node without Prometheus or Alertmanager
+(the API and diagnose columns); latencies count from the fault's onset.  Writes
+OUT/faults_h200.json and OUT/<job>.ranks.json (the API's answer when each class ended) and
+prints the table.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.faults import run as fault_bench
-from bench.faults import watch
 from bench.faults.classes import FaultClass
-from bench.faults.cluster import Cluster, Job
 
 STOPPED = r"\bstopped\b(?! reporting)|frozen|SIGSTOP"
+STARVED = r"late together|suspect what they all do"
 NEEDED = ("api", "diagnose")
 
 
@@ -48,6 +50,13 @@ def gpu_classes(window: float, dry_run: bool) -> list[FaultClass]:
                    notes="two ranks on the GPU, gloo group: rank 1's loader never returns"),
         FaultClass("sigstop-gloo", "sigstop", 1, STOPPED, window, nproc=(2,), trainer_args=gpu,
                    notes="two ranks on the GPU, gloo group: rank 1 frozen with SIGSTOP"),
+        FaultClass("starved-nccl", "starved", None, STARVED, window, nproc=(1,),
+                   trainer_args=nccl, warmup=45.0,
+                   notes="one-rank NCCL job, its loader 0.6 s slower a step from the onset: "
+                   "right if the ranks are said to be late together, the network not blamed"),
+        FaultClass("starved-gloo", "starved", None, STARVED, window, nproc=(2,),
+                   trainer_args=gpu, warmup=45.0,
+                   notes="two ranks on the GPU, gloo group, both loaders 0.6 s slower a step"),
         FaultClass("healthy-gpu", "none", None, r"$^", window, nproc=(2,), trainer_args=gpu,
                    must_not_page=True, warmup=0.0,
                    notes="two healthy ranks on the GPU beside the faults"),
@@ -72,44 +81,12 @@ HEADER = ("| class | detected | culprit right | cause right | API s (named/cause
 
 
 def bench(faults: list[FaultClass], work: Path, out: Path) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-    with Cluster(work, names=("gpu-node",), alerting=False) as cluster:
-        node = cluster.nodes[0]
-        active = []
-        for index, fault in enumerate(faults, 1):
-            job = Job(cluster, f"h200-{fault.name}", index, fault.nproc,
-                      ["--fault", fault.fault, "--culprit",
-                       str(fault.culprit if fault.culprit is not None else -1),
-                       "--duration", str(fault.warmup + fault.window + 300),
-                       *fault.trainer_args], local=True)
-            active.append(fault_bench.Run(fault, job))
-            job.__enter__()
-        polls = 0
-        try:
-            while active:
-                now = time.time()
-                ranks = cluster.ranks()
-                diagnosed = ({node.name: watch.diagnose_text(node.url)}
-                             if polls % fault_bench.DIAGNOSE_EVERY == 0 else {})
-                for run in list(active):
-                    try:
-                        fault_bench._step(run, now, ranks, diagnosed, [], NEEDED)
-                    except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
-                        run.error, run.phase = f"{type(exc).__name__}: {exc}"[:300], "done"
-                    if run.phase == "done":
-                        (out / f"{run.job.job_id}.ranks.json").write_text(json.dumps(ranks))
-                        run.job.__exit__()
-                        active.remove(run)
-                        results.append(run.result())
-                        print(row(results[-1]), flush=True)
-                polls += 1
-                time.sleep(max(0.0, 1.0 - (time.time() - now)))
-        finally:
-            for run in active:
-                run.job.__exit__()
-                run.error = run.error or "interrupted"
-                results.append(run.result())
-    return results
+    """Every class at once on one local node: the fault bench's loop, without its pages."""
+    def done(result: dict[str, Any], ranks: dict[str, Any]) -> None:
+        (out / f"{result['job_id']}.ranks.json").write_text(json.dumps(ranks))
+        print(row(result), flush=True)
+    return fault_bench.bench(faults, len(faults), work, NEEDED, names=("gpu-node",),
+                             alerting=False, prefix="h200", poll=1.0, done=done)
 
 
 def main() -> int:
@@ -118,11 +95,20 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=120.0,
                         help="seconds watched after each onset (default 120)")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: gloo on the CPU")
+    parser.add_argument("--classes", default="",
+                        help="comma-separated class names (default: every class)")
     args = parser.parse_args()
+    chosen = gpu_classes(args.window, args.dry_run)
+    if args.classes:
+        names = args.classes.split(",")
+        unknown = sorted(set(names) - {fault.name for fault in chosen})
+        if unknown:
+            parser.error(f"unknown classes {unknown}; known: {[f.name for f in chosen]}")
+        chosen = [fault for fault in chosen if fault.name in names]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="llmmon-h200-faults-"))
     started = time.time()
-    results = bench(gpu_classes(args.window, args.dry_run), work, args.out)
+    results = bench(chosen, work, args.out)
     print(HEADER)
     for result in results:
         print(row(result))

@@ -10,12 +10,15 @@
 # The results are packed into $OUT/h200.tgz after every check (a run cut short keeps what it
 # measured), with the logs' tails on stdout.
 #
-#   OUT=/tmp/out bash bench/h200/run_all.sh
+#   OUT=/tmp/out bash bench/h200/run_all.sh             # every check
+#   OUT=/tmp/out CHECKS="1 3" bash bench/h200/run_all.sh  # only these (a short lease)
 set -u
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder for results}"
 RESULTS=$(mktemp -d)
+CHECKS=${CHECKS:-1 2 3 4}
 step() { echo "== $(date +%T) $*"; }
+wanted() { [[ " $CHECKS " == *" $1 "* ]]; }
 pack() { tar czf "$OUT/h200.tgz" -C "$RESULTS" .; }
 
 step "the exporter's dependencies from .whl into /tmp/site"
@@ -29,26 +32,34 @@ nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=cs
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0),
 'nccl', torch.cuda.nccl.version())" 2>&1 | tail -1
 
-step "1. fault benchmark, one-GPU variant (window 75 s)"
-timeout 200 python3 -m bench.h200.faults_check "$RESULTS/faults" --window 75 \
-  > "$RESULTS/faults.log" 2>&1
-echo "rc=$?"; grep -v "Warning\|^\*\*\|^- \|^$" "$RESULTS/faults.log" | tail -12
-pack
+if wanted 1; then
+  step "1. fault benchmark, one-GPU variant (window 75 s)"
+  timeout 240 python3 -m bench.h200.faults_check "$RESULTS/faults" --window 75 \
+    > "$RESULTS/faults.log" 2>&1
+  echo "rc=$?"; grep -v "Warning\|^\*\*\|^- \|^$" "$RESULTS/faults.log" | tail -12
+  pack
+fi
 
-step "2. trainer jitter, bf16 + NCCL loop (20 s of each block kind, a ring tick a second)"
-timeout 130 python3 bench/trainer_jitter.py --loops bf16 --seconds 20 --block 5 \
-  --entries-interval 1 > "$RESULTS/jitter.log" 2>&1
-echo "rc=$?"; grep -v Warning "$RESULTS/jitter.log" | tail -14
-cp bench/results/trainer_jitter.json "$RESULTS/" 2>/dev/null
-pack
+if wanted 2; then
+  step "2. trainer jitter, bf16 + NCCL loop (20 s of each block kind, a ring tick a second)"
+  timeout 130 python3 bench/trainer_jitter.py --loops bf16 --seconds 20 --block 5 \
+    --entries-interval 1 > "$RESULTS/jitter.log" 2>&1
+  echo "rc=$?"; grep -v Warning "$RESULTS/jitter.log" | tail -14
+  cp bench/results/trainer_jitter.json "$RESULTS/" 2>/dev/null
+  pack
+fi
 
-step "3. reporter against NCCL and the allocator"
-timeout 120 python3 bench/h200/reporter_check.py "$RESULTS/reporter" > "$RESULTS/reporter.log" 2>&1
-echo "rc=$?"; grep -v Warning "$RESULTS/reporter.log" | tail -c 1500
-pack
+if wanted 3; then
+  step "3. reporter against NCCL and the allocator"
+  timeout 120 python3 bench/h200/reporter_check.py "$RESULTS/reporter" > "$RESULTS/reporter.log" 2>&1
+  echo "rc=$?"; grep -v Warning "$RESULTS/reporter.log" | tail -c 1500
+  pack
+fi
 
-step "4. NVML collector against nvidia-smi"
-OUT="$RESULTS/gpu" timeout 100 bash bench/h200/gpu_check.sh > "$RESULTS/gpu_check.log" 2>&1
-echo "rc=$?"; tail -16 "$RESULTS/gpu_check.log"
-pack
+if wanted 4; then
+  step "4. NVML collector against nvidia-smi"
+  OUT="$RESULTS/gpu" timeout 100 bash bench/h200/gpu_check.sh > "$RESULTS/gpu_check.log" 2>&1
+  echo "rc=$?"; tail -16 "$RESULTS/gpu_check.log"
+  pack
+fi
 step done
