@@ -51,7 +51,8 @@ fi
 
 if wanted 3; then
   step "3. reporter against NCCL and the allocator"
-  timeout 120 python3 bench/h200/reporter_check.py "$RESULTS/reporter" > "$RESULTS/reporter.log" 2>&1
+  timeout 120 python3 bench/h200/reporter_check.py "$RESULTS/reporter" \
+    > "$RESULTS/reporter.log" 2>&1
   echo "rc=$?"; grep -v Warning "$RESULTS/reporter.log" | tail -c 1500
   pack
 fi
