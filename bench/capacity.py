@@ -123,6 +123,17 @@ def _seconds(text: str) -> int:
     return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
 
 
+def query_url(url: str, query: dict[str, Any], expr: str | None = None) -> str:
+    """The API request for a dashboard query (or `expr` at its range and step), ending now."""
+    now = time.time()
+    if query["instant"]:
+        params = {"query": expr or query["expr"], "time": f"{now:.3f}"}
+        return f"{url}/api/v1/query?{urllib.parse.urlencode(params)}"
+    params = {"query": expr or query["expr"], "start": f"{now - query['range_s']:.3f}",
+              "end": f"{now:.3f}", "step": str(query["step_s"])}
+    return f"{url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
+
+
 def time_queries(url: str, budget_s: float) -> list[dict[str, Any]]:
     """Each query once, until `budget_s` is spent; the rest are listed as not run."""
     results = []
@@ -132,18 +143,9 @@ def time_queries(url: str, budget_s: float) -> list[dict[str, Any]]:
             results.append({**query, "seconds": None, "error": "not run (query budget spent)",
                             "series": 0})
             continue
-        now = time.time()
-        if query["instant"]:
-            params = {"query": query["expr"], "time": f"{now:.3f}"}
-            path = "/api/v1/query"
-        else:
-            params = {"query": query["expr"], "start": f"{now - query['range_s']:.3f}",
-                      "end": f"{now:.3f}", "step": str(query["step_s"])}
-            path = "/api/v1/query_range"
         started = time.perf_counter()
         try:
-            body = json.loads(_get(f"{url}{path}?{urllib.parse.urlencode(params)}",
-                                   QUERY_TIMEOUT_S))
+            body = json.loads(_get(query_url(url, query), QUERY_TIMEOUT_S))
         except urllib.error.HTTPError as exc:  # recorded, not fatal: the store rejected it
             body = {"error": exc.read().decode(errors="replace")[:300]}
         except (TimeoutError, urllib.error.URLError) as exc:  # recorded: slower than the bound
@@ -284,10 +286,11 @@ def run_prometheus(procs: Processes, targets: Path, rules: Path, settle: float,
             **times.report(missed), "queries": time_queries(url, QUERY_BUDGET_S)}
 
 
-def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
-                 measure: float) -> dict[str, Any]:
-    alertmanager = _alertmanager(procs)
-    vm_port, agent_port, alert_port = free_port(), free_port(), free_port()
+def start_victoria(procs: Processes, targets: Path
+                   ) -> tuple[subprocess.Popen[bytes], str, int]:
+    """VictoriaMetrics, and vmagent scraping `targets` into it: (VictoriaMetrics' process, its
+    URL, vmagent's port)."""
+    vm_port, agent_port = free_port(), free_port()
     vm = f"http://127.0.0.1:{vm_port}"
     process = procs.start("victoria-metrics", [
         BIN["victoria-metrics"], f"-storageDataPath={procs.work / 'vm-data'}",
@@ -301,6 +304,14 @@ def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
         BIN["vmagent"], f"-promscrape.config={scrape}", f"-remoteWrite.url={vm}/api/v1/write",
         f"-remoteWrite.tmpDataPath={procs.work / 'vmagent-data'}",
         f"-httpListenAddr=127.0.0.1:{agent_port}", "-loggerLevel=WARN"])
+    return process, vm, agent_port
+
+
+def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
+                 measure: float) -> dict[str, Any]:
+    alertmanager = _alertmanager(procs)
+    process, vm, agent_port = start_victoria(procs, targets)
+    alert_port = free_port()
     procs.start("vmalert", [
         BIN["vmalert"], f"-rule={rules}/*.yaml", f"-datasource.url={vm}",
         f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",

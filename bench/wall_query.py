@@ -20,10 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capacity  # noqa: E402  (bench/ is not a package: capacity.py imports `common` the same way)
@@ -39,13 +36,9 @@ def timeline() -> dict:
 
 
 def ask(url: str, expr: str, query: dict) -> tuple[float, int, int]:
-    """Seconds, series and most points of one range query over the wall's range."""
-    now = time.time()
-    params = {"query": expr, "start": f"{now - query['range_s']:.3f}", "end": f"{now:.3f}",
-              "step": str(query["step_s"])}
+    """Seconds, series and most points of `expr` over the wall's range and step."""
     started = time.perf_counter()
-    body = json.loads(capacity._get(f"{url}/api/v1/query_range?"
-                                    f"{urllib.parse.urlencode(params)}", 60))
+    body = json.loads(capacity._get(capacity.query_url(url, query, expr), 60))
     seconds = time.perf_counter() - started
     result = body["data"]["result"]
     return round(seconds, 3), len(result), max((len(r["values"]) for r in result), default=0)
@@ -61,21 +54,7 @@ def probe(nodes: int, settle: float, runs: int) -> dict[str, list[tuple[float, i
                               f"--nodes={nodes}", f"--port={fleet_port}",
                               f"--targets={targets}"])
         capacity.wait_http(fleet_port, "/nodes/0/metrics", 300)
-        vm_port, agent_port = capacity.free_port(), capacity.free_port()
-        url = f"http://127.0.0.1:{vm_port}"
-        procs.start("victoria-metrics", [
-            capacity.BIN["victoria-metrics"], f"-storageDataPath={work / 'vm-data'}",
-            f"-httpListenAddr=127.0.0.1:{vm_port}", "-retentionPeriod=1d",
-            "-search.maxUniqueTimeseries=10000000", "-loggerLevel=WARN"])
-        capacity.wait_http(vm_port, "/health", 120)
-        scrape = work / "vmagent.yml"
-        scrape.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{capacity.SCRAPE_S}s"},
-                                          "scrape_configs": [capacity._scrape_config(targets)]}))
-        procs.start("vmagent", [
-            capacity.BIN["vmagent"], f"-promscrape.config={scrape}",
-            f"-remoteWrite.url={url}/api/v1/write",
-            f"-remoteWrite.tmpDataPath={work / 'vmagent-data'}",
-            f"-httpListenAddr=127.0.0.1:{agent_port}", "-loggerLevel=WARN"])
+        _, url, agent_port = capacity.start_victoria(procs, targets)
         capacity.wait_http(agent_port, "/health", 120)
         time.sleep(settle)
         answers: dict[str, list[tuple[float, int, int]]] = {"wall": [], "joined": []}

@@ -100,6 +100,11 @@ class Cluster:
     def prometheus(self) -> str:
         return self.servers[1].url
 
+    @property
+    def local(self) -> bool:
+        """One node (the H200 variant): no network namespaces, torchrun --standalone."""
+        return len(self.names) == 1
+
     def __enter__(self) -> Cluster:
         try:
             self._start()
@@ -211,11 +216,6 @@ class Job:
     def ctl(self) -> Path:
         return self.work / "ctl"
 
-    @property
-    def local(self) -> bool:
-        """One node (the H200 variant): no network namespaces, torchrun --standalone."""
-        return len(self.cluster.names) == 1
-
     def ns(self, node: int) -> str:
         return f"{NS_PREFIX}{self.index}{'ab'[node]}"
 
@@ -256,7 +256,7 @@ class Job:
 
     def __enter__(self) -> Job:
         try:
-            if not self.local:
+            if not self.cluster.local:
                 self._network()
             for node, nproc in enumerate(self.nproc):
                 self._launch(node, nproc)
@@ -274,7 +274,7 @@ class Job:
                   "--pipe-dir", str(where.pipe_dir), "--",
                   sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
         trainer = [str(TRAINER), "--ctl", str(self.ctl), *self.trainer_args]
-        if self.local:
+        if self.cluster.local:
             command = [*launch, "--standalone", *trainer]
         else:
             env.update(GLOO_SOCKET_IFNAME=self.veth(node))
@@ -324,6 +324,6 @@ class Job:
                 launch.wait(30)
             except subprocess.TimeoutExpired:
                 pass
-        if not self.local:
+        if not self.cluster.local:
             remove_namespaces(f"{NS_PREFIX}{self.index}a")
             remove_namespaces(f"{NS_PREFIX}{self.index}b")

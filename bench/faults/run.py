@@ -227,7 +227,7 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                 run.job.__exit__()
                 run.error = run.error or "interrupted"
                 results.append(run.result())
-            if len(names) > 1:
+            if not cluster.local:
                 remove_namespaces()
     return results
 
