@@ -220,7 +220,7 @@ def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:
 
     With NCCL timing an entry gets `duration_ms` when the watchdog retires it; a retired entry
     is done whatever pg_status says (gloo's completed number can lag one behind for good:
-    llmmon_reporter.worker._settled); without timing, the group's completed sequence number
+    llmmon_reporter.settle); without timing, the group's completed sequence number
     says a `completed` entry is done.
     """
     if entry.duration is not None or entry.retired:

@@ -23,15 +23,13 @@ from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, la
     spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.pace import Pace
+from llmmon_reporter.settle import Settled
 from llmmon_reporter.stepstats import StepStats
 
 log = logging.getLogger("llmmon.reporter")
 
 MAX_FAILURES = 10  # consecutive; with the default cadence that is ~2.5 minutes of retries
 MAX_BACKOFF = 60.0  # seconds, and at most 30 status intervals
-# gloo's completed sequence number lags by fewer than the works it runs at once (2 threads by
-# default); a group further behind is settled only by its own completions.
-MAX_SETTLED = 8
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
@@ -62,34 +60,6 @@ def _progress(status: bytes) -> dict[str, tuple[int, int]]:
     groups = json.loads(status).get("pg_status") or {}
     return {str(pg): (int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
             for pg, s in groups.items()}
-
-
-def _settled(progress: Mapping[str, tuple[int, int]], active: bytes) -> dict[str, int]:
-    """pg -> its last enqueued sequence number, where pg_status says it is not completed but
-    the ring, read after the status, holds none of its records after `completed` unfinished.
-
-    gloo sets last_completed_collective as each work finishes: two collectives in flight
-    finishing out of order leave it one behind for good (DDP's overlapped buckets, any
-    `async_op=True` pair), and an idle group would read as stuck in a collective that is done.
-    """
-    unfinished: dict[str, list[int]] = {}
-    for entry in json.loads(active).get("entries") or ():
-        group = entry.get("process_group")
-        if not entry.get("is_p2p") and isinstance(group, list) and group:
-            unfinished.setdefault(str(group[0]), []).append(entry.get("collective_seq_id", -1))
-    return {pg: enqueued for pg, (enqueued, completed) in progress.items()
-            if 0 < enqueued - completed <= MAX_SETTLED
-            and not any(completed < seq <= enqueued for seq in unfinished.get(pg, ()))}
-
-
-def _apply(progress: Mapping[str, tuple[int, int]], settled: dict[str, int]
-           ) -> dict[str, tuple[int, int]]:
-    """Progress with what the ring showed final; a group whose sequence numbers went back
-    below what was settled (destroyed and created again under its name) forgets it."""
-    for pg in [pg for pg, seq in settled.items() if pg not in progress or progress[pg][0] < seq]:
-        del settled[pg]
-    return {pg: (enqueued, max(completed, settled.get(pg, -1)))
-            for pg, (enqueued, completed) in progress.items()}
 
 
 class _Session:
@@ -162,7 +132,7 @@ class Reporter:
         self.dumps_written = 0
         self._session: _Session | None = None
         self._previous: dict[str, tuple[int, int]] = {}
-        self._settled: dict[str, int] = {}  # pg -> seq the ring showed final (_settled)
+        self._settled = Settled()
         self._inflight: bytes | None = None
         self._status: bytes | None = None  # the last status dump, for the exit record
         self._meter = activity.Meter()
@@ -212,7 +182,7 @@ class Reporter:
         try:
             if session.torch.distributed.is_initialized():
                 self._status = session.flight.status()
-                self._read_inflight(session, _apply(_progress(self._status), self._settled))
+                self._read_inflight(session, self._settled.apply(_progress(self._status)))
         except Exception:
             pass  # the last tick's view stands
 
@@ -221,7 +191,7 @@ class Reporter:
         show done."""
         self._inflight = session.flight.active()
         if not session.nccl:  # NCCL's watchdog completes a group's work in order
-            self._settled.update(_settled(progress, self._inflight))
+            self._settled.observe(progress, self._inflight)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Run a full tick (entries included) now; True once one finished in time."""
@@ -318,7 +288,7 @@ class Reporter:
         now = time.monotonic()
         session.refresh()
         status = session.flight.status()
-        progress = _apply(_progress(status), self._settled)
+        progress = self._settled.apply(_progress(status))
         stuck = any(enqueued > completed and self._previous.get(pg, (0, -1))[1] == completed
                     for pg, (enqueued, completed) in progress.items())
         # Nothing of ours completed since the last tick (waiting, or behind its peers): what
@@ -372,7 +342,7 @@ class Reporter:
                             "entries": self.cadence.entries},
             },
             "pgs": session.pgs,
-            "settled": self._settled,
+            "settled": self._settled.seqs,
             "memory": memory,
             "step": self.steps.snapshot(),
             "activity": self._activity,

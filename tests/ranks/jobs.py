@@ -174,6 +174,20 @@ def group_doc(collector: RanksCollector, job_id: str | None = None, pg: str = "0
     return None if job is None else next((g for g in job["groups"] if g["pg"] == pg), None)
 
 
+def looks(collector: RanksCollector, job: Job) -> str:
+    """How the job last looked, for a timeout's message: each group's verdict, each rank's
+    report age and reporter health, and the end of every rank's log."""
+    scrape(collector)
+    lines = []
+    for doc in collector.evidence()["jobs"]:
+        lines += [f"pg {g['pg']}: stalled={g['stalled']} waiting={g['waiting']} "
+                  f"behind={g['behind']} stale={g['stale']} {g['summary']}"
+                  for g in doc["groups"]]
+        lines += [f"rank {r['rank']}: age={r['report_age_seconds']} s alive={r['alive']} "
+                  f"reporter={r['reporter']} groups={r['groups']}" for r in doc["ranks"]]
+    return "\n".join(lines or ["no job in the spool"]) + "\n" + job.logs()
+
+
 def reporting(collector: RanksCollector, ranks: int, progressed: int = 20
               ) -> Callable[[], dict[str, Any] | None]:
     """A probe: every rank reports and group 0 has completed `progressed` collectives."""

@@ -16,7 +16,7 @@ import requests
 
 from llmmon.commands.launch import environment
 from tests.conftest import ROOT
-from tests.ranks.jobs import Job, base_env, by_rank, make_collector, scrape, wait_for
+from tests.ranks.jobs import Job, base_env, by_rank, looks, make_collector, scrape, wait_for
 
 pytestmark = pytest.mark.slow  # real multi-process torch jobs
 
@@ -53,7 +53,8 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
                       if g["stalled"] and g["behind"]]
             return groups[0] if [g["pg"] for g in groups] == ["0"] else None
 
-        group = wait_for(stalled, 300, "group 0 to stall")  # three torch imports under load
+        group = wait_for(stalled, 300, "group 0 to stall",  # three torch imports under load
+                         context=lambda: looks(collector, job))
         samples = scrape(collector)[0]
 
         def inflight() -> list | None:

@@ -1,0 +1,61 @@
+"""gloo groups whose last collective is done though pg_status says it is not.
+
+gloo sets last_completed_collective as each work finishes: two collectives in flight finishing
+out of order leave it one behind for good (DDP's overlapped buckets, any `async_op=True` pair),
+and an idle group would read as stuck in a collective that is done.  The ring says otherwise:
+none of the group's records after `completed` is unfinished.
+
+One read is not proof.  gloo sets last_enqueued_collective before it records the collective in
+the ring (ProcessGroupGloo::enqueue), so a status read between the two, with the ring read
+after it, shows a collective neither in flight nor recorded: settled on that, a rank that then
+waits in it for good reads as done with it, and a real hang goes unseen.  A group is settled
+when two ring reads in a row, each after its own status read, agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+Progress = Mapping[str, tuple[int, int]]  # pg -> (last enqueued, last completed)
+
+# gloo's completed sequence number lags by fewer than the works it runs at once (2 threads by
+# default); a group further behind is settled only by its own completions.
+MAX_SETTLED = 8
+
+
+def final(progress: Progress, active: bytes) -> dict[str, int]:
+    """pg -> its last enqueued sequence number, where `progress` says it is not completed but
+    `active` (the ring's unfinished records, read after the status) holds none after
+    `completed`."""
+    unfinished: dict[str, list[int]] = {}
+    for entry in json.loads(active).get("entries") or ():
+        group = entry.get("process_group")
+        if not entry.get("is_p2p") and isinstance(group, list) and group:
+            unfinished.setdefault(str(group[0]), []).append(entry.get("collective_seq_id", -1))
+    return {pg: enqueued for pg, (enqueued, completed) in progress.items()
+            if 0 < enqueued - completed <= MAX_SETTLED
+            and not any(completed < seq <= enqueued for seq in unfinished.get(pg, ()))}
+
+
+class Settled:
+    """What the ring showed final, twice in a row, per group (`seqs`: pg -> sequence number)."""
+
+    def __init__(self) -> None:
+        self.seqs: dict[str, int] = {}
+        self._once: dict[str, int] = {}
+
+    def observe(self, progress: Progress, active: bytes) -> None:
+        """One ring read (`active`) after the status read that gave `progress`."""
+        seen = final(progress, active)
+        self.seqs.update({pg: seq for pg, seq in seen.items() if self._once.get(pg) == seq})
+        self._once = seen
+
+    def apply(self, progress: Progress) -> dict[str, tuple[int, int]]:
+        """`progress` with what was settled; a group whose sequence numbers went back below
+        what was settled (destroyed and created again under its name) forgets it."""
+        for pg in [pg for pg, seq in self.seqs.items()
+                   if pg not in progress or progress[pg][0] < seq]:
+            del self.seqs[pg]
+        return {pg: (enqueued, max(completed, self.seqs.get(pg, -1)))
+                for pg, (enqueued, completed) in progress.items()}

@@ -1,0 +1,57 @@
+"""The reporter settles a gloo group only when two ring reads in a row show it done.
+
+gloo sets last_enqueued_collective before it records the collective in the ring: a status read
+in between, with the ring read after it, sees the newest collective neither in flight nor
+recorded.  Settled on that one read, ranks that then wait in it for good read as done with it
+(tests/ranks/test_hang.py timed out that way in CI once).
+"""
+
+from __future__ import annotations
+
+import json
+
+from llmmon_reporter.settle import Settled
+
+
+def ring(*seqs: int, pg: str = "0") -> bytes:
+    """The reporter's `active` read: unfinished records of group `pg`, as the ring holds them."""
+    return json.dumps({"entries": [
+        {"process_group": [pg, "default_pg"], "collective_seq_id": s, "is_p2p": False,
+         "profiling_name": "gloo:all_reduce", "state": "scheduled"} for s in seqs]}).encode()
+
+
+def test_a_collective_enqueued_but_not_yet_in_the_ring_is_not_settled_on_one_read() -> None:
+    settled = Settled()
+    settled.observe({"0": (21, 20)}, ring())  # status said #21; the ring has no record yet
+    assert settled.apply({"0": (21, 20)}) == {"0": (21, 20)}
+    settled.observe({"0": (21, 20)}, ring(21))  # now recorded, and in flight: a wait
+    settled.observe({"0": (21, 20)}, ring(21))
+    assert settled.apply({"0": (21, 20)}) == {"0": (21, 20)} and settled.seqs == {}
+
+
+def test_two_reads_in_a_row_that_agree_settle_a_group_whose_works_finished_out_of_order(
+        ) -> None:
+    settled = Settled()
+    for _ in range(2):
+        settled.observe({"0": (41, 40), "1": (10, 10)}, ring(7, pg="1"))
+    assert settled.apply({"0": (41, 40), "1": (10, 10)}) == {"0": (41, 41), "1": (10, 10)}
+    assert settled.seqs == {"0": 41}
+
+
+def test_reads_that_disagree_on_the_sequence_number_settle_nothing() -> None:
+    settled = Settled()
+    settled.observe({"0": (41, 40)}, ring())
+    settled.observe({"0": (43, 42)}, ring())  # the group moved on between the reads
+    assert settled.seqs == {}
+    settled.observe({"0": (43, 42)}, ring())
+    assert settled.seqs == {"0": 43}
+
+
+def test_a_group_too_far_behind_or_recreated_below_what_was_settled_is_not_settled() -> None:
+    settled = Settled()
+    for _ in range(2):
+        settled.observe({"0": (30, 20)}, ring())  # 10 behind: more than gloo runs at once
+    assert settled.seqs == {}
+    for _ in range(2):
+        settled.observe({"0": (41, 40)}, ring())
+    assert settled.apply({"0": (3, 2)}) == {"0": (3, 2)} and settled.seqs == {}
