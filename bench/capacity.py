@@ -36,8 +36,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -305,6 +306,27 @@ def start_victoria(procs: Processes, targets: Path
         f"-remoteWrite.tmpDataPath={procs.work / 'vmagent-data'}",
         f"-httpListenAddr=127.0.0.1:{agent_port}", "-loggerLevel=WARN"])
     return process, vm, agent_port
+
+
+@contextmanager
+def fleet_in_victoria(nodes: int, *fleet_args: str) -> Iterator[str]:
+    """`nodes` simulated nodes (bench/fleet.py, with `fleet_args`) scraped by vmagent into
+    VictoriaMetrics, no vmalert (a probe times the store's answers, not a busy ruler's share of
+    the machine): VictoriaMetrics' URL, once vmagent is up."""
+    work = Path(tempfile.mkdtemp(prefix="llmmon-fleet-vm-"))
+    procs = Processes(work)
+    targets, fleet_port = work / "targets.json", free_port()
+    try:
+        procs.start("fleet", [sys.executable, str(ROOT / "bench" / "fleet.py"),
+                              f"--nodes={nodes}", f"--port={fleet_port}",
+                              f"--targets={targets}", *fleet_args])
+        wait_http(fleet_port, "/nodes/0/metrics", 300)
+        _, url, agent_port = start_victoria(procs, targets)
+        wait_http(agent_port, "/health", 120)
+        yield url
+    finally:
+        procs.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,

@@ -11,6 +11,9 @@ default flags) and serves it N times from one asyncio process, as `/nodes/<i>/me
 - counters, histogram buckets, sums and counts advance: each is scaled by (1 + t/600 s), so a
   rate is constant and a histogram stays monotone in `le`; `*_timestamp_seconds` gauges advance
   with the clock (no job looks hung), every other gauge stays as recorded;
+- `--hung-jobs K` freezes the last-progress timestamps of the first K jobs' nodes at their
+  recorded value (minutes old by the time anything queries them): those jobs look hung to the
+  rules, so that what a rule costs while jobs hang can be measured, not only when none does;
 - the `node` and `cluster` labels come from the file_sd targets file it writes, as they do in
   the shipped scrape configs.
 
@@ -44,6 +47,7 @@ GROWTH_S = 600.0  # a counter grows by its recorded value every GROWTH_S seconds
 GPUS = 8
 NODE_LABELS = ("uuid", "serial", "job_id", "rank", "ranks", "world_size", "pod")
 RECORD_SETTLE_S = 40.0  # the GPU collector's 15 s slow calls and two ranks ticks
+PROGRESS = "llmmon_nccl_last_progress_timestamp_seconds"  # frozen on a hung job's nodes
 
 
 class Template:
@@ -53,7 +57,7 @@ class Template:
     def __init__(self, exposition: str) -> None:
         kinds: dict[str, str] = {}
         parts: list[str] = []
-        self.values: list[tuple[str, float]] = []  # ("counter" | "clock", recorded value)
+        self.values: list[tuple[str, float]] = []  # ("counter" | "clock" | "progress", value)
         self.labels: list[tuple[str, str]] = []  # (label key, recorded value) per label slot
         for line in exposition.splitlines():
             if line.startswith("# TYPE "):
@@ -82,7 +86,7 @@ class Template:
     def _value(self, name: str, kinds: dict[str, str], value: str) -> str:
         family = re.sub(r"_(total|bucket|sum|count|created)$", "", name)
         if name.endswith("_timestamp_seconds"):
-            self.values.append(("clock", float(value)))
+            self.values.append(("progress" if name == PROGRESS else "clock", float(value)))
             return "%s"
         if float(value) and (kinds.get(family) in ("counter", "histogram", "summary")
                              or kinds.get(name) == "counter"):
@@ -90,11 +94,14 @@ class Template:
             return "%s"
         return value
 
-    def at(self, elapsed: float) -> str:
-        """The exposition `elapsed` seconds on, with every node label still a `%s` slot."""
+    def at(self, elapsed: float, hung: bool = False) -> str:
+        """The exposition `elapsed` seconds on, with every node label still a `%s` slot;
+        `hung`: the last-progress timestamps stay as recorded."""
         scale = 1.0 + elapsed / GROWTH_S
-        return self.format % tuple(repr(round(v * scale, 3) if kind == "counter" else v + elapsed)
-                                   for kind, v in self.values)
+        return self.format % tuple(
+            repr(round(v * scale, 3)) if kind == "counter"
+            else repr(v) if hung and kind == "progress" else repr(v + elapsed)
+            for kind, v in self.values)
 
 
 @dataclass(frozen=True)
@@ -131,8 +138,10 @@ class Placement:
 
 
 class Fleet:
-    def __init__(self, template: Template, nodes: int, job_nodes: int) -> None:
+    def __init__(self, template: Template, nodes: int, job_nodes: int, hung_jobs: int = 0
+                 ) -> None:
         self.template = template
+        self.hung_nodes = hung_jobs * job_nodes
         self.started = time.time()
         unique = sorted(set(template.labels))
         slot_of = {label: i for i, label in enumerate(unique)}
@@ -142,13 +151,15 @@ class Fleet:
             place = Placement(index, job_nodes)
             resolved = [place.label(key, value) for key, value in unique]
             self.labels.append(tuple(resolved[i] for i in order))
-        self._second, self._current = -1, ""
+        self._second, self._current = -1, ("", "")
 
     def body(self, index: int) -> bytes:
         second = int(time.time() - self.started)
         if second != self._second:
-            self._second, self._current = second, self.template.at(second)
-        return (self._current % self.labels[index]).encode()
+            self._second = second
+            self._current = (self.template.at(second),
+                             self.template.at(second, hung=True) if self.hung_nodes else "")
+        return (self._current[index < self.hung_nodes] % self.labels[index]).encode()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """HTTP/1.1 keep-alive GETs of /nodes/<i>/metrics (what Prometheus and vmagent send)."""
@@ -217,6 +228,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--job-nodes", type=int, default=16,
                         help="nodes per training job (default 16: 128-rank jobs)")
+    parser.add_argument("--hung-jobs", type=int, default=0,
+                        help="jobs whose last-progress timestamps stay frozen (default 0)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9900)
     parser.add_argument("--cluster", default="fleet")
@@ -230,7 +243,7 @@ def main() -> int:
         text = record(args.exposition)
     else:
         text = args.exposition.read_text()
-    fleet = Fleet(Template(text), args.nodes, args.job_nodes)
+    fleet = Fleet(Template(text), args.nodes, args.job_nodes, args.hung_jobs)
     write_targets(args.targets, args.host, args.port, args.nodes, args.cluster)
     series = sum(1 for line in text.splitlines() if line and line[0] != "#")
     print(f"fleet: {args.nodes} nodes x {series} series on http://{args.host}:{args.port}"

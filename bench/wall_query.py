@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,17 +43,8 @@ def ask(url: str, expr: str, query: dict) -> tuple[float, int, int]:
 
 
 def probe(nodes: int, settle: float, runs: int) -> dict[str, list[tuple[float, int, int]]]:
-    work = Path(tempfile.mkdtemp(prefix="llmmon-wall-query-"))
-    procs = capacity.Processes(work)
-    targets, fleet_port = work / "targets.json", capacity.free_port()
     query = timeline()
-    try:
-        procs.start("fleet", [sys.executable, str(capacity.ROOT / "bench" / "fleet.py"),
-                              f"--nodes={nodes}", f"--port={fleet_port}",
-                              f"--targets={targets}"])
-        capacity.wait_http(fleet_port, "/nodes/0/metrics", 300)
-        _, url, agent_port = capacity.start_victoria(procs, targets)
-        capacity.wait_http(agent_port, "/health", 120)
+    with capacity.fleet_in_victoria(nodes) as url:
         time.sleep(settle)
         answers: dict[str, list[tuple[float, int, int]]] = {"wall": [], "joined": []}
         for _ in range(runs):
@@ -63,9 +52,6 @@ def probe(nodes: int, settle: float, runs: int) -> dict[str, list[tuple[float, i
                 answers[name].append(ask(url, expr, query))
                 print(name, *answers[name][-1], flush=True)
         return answers
-    finally:
-        procs.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
