@@ -67,7 +67,8 @@ VOLATILE = (
     r"llmmon_gpu_power_instant_(watts|min_watts|min_ratio|mean_watts|max_watts|samples_total)\{",
     r"llmmon_gpu_power_(dips|low_seconds)_total\{",
     r"llmmon_rank_report_age_seconds\{",
-    r"llmmon_nccl_(last_progress_timestamp_seconds|oldest_inflight_age_seconds|quiet_seconds)\{",
+    r"llmmon_nccl_(last_progress_timestamp_seconds|group_last_progress_timestamp_seconds|"
+    r"oldest_inflight_age_seconds|quiet_seconds)\{",
 )
 
 

@@ -175,6 +175,11 @@ STALLED = MetricSpec(
     "How long the group has completed nothing while a rank waits in a collective, as of the "
     "daemon's read (0: nothing waits); stalled beyond llmmon_nccl_stall_threshold_seconds.",
     ("job_id", "pg"))
+GROUP_PROGRESS = MetricSpec(
+    "llmmon_nccl_group_last_progress_timestamp_seconds", "gauge",
+    "The newest llmmon_nccl_last_progress_timestamp_seconds of the group's ranks on this node: "
+    "one series a group, which the hang rules read to ask which groups completed nothing for the "
+    "hang window before they read any rank's series.", ("job_id", "pg"))
 QUIET = MetricSpec(
     "llmmon_nccl_quiet_seconds", "gauge",
     "How long no rank of the job on this node enqueued or completed a collective of any group, "
@@ -237,8 +242,8 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, QUIET, GAP, GAP_BASELINE,
-             GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
+             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET, GAP,
+             GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -477,6 +482,8 @@ class RanksCollector(Collector):
             families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
             families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
             families.add(QUIET, [job_id, group["pg"]], group["quiet_seconds"])
+            if group["last_progress"] is not None:
+                families.add(GROUP_PROGRESS, [job_id, group["pg"]], group["last_progress"])
             if group["gap"]:
                 families.add(GAP, [job_id, group["pg"]], group["gap"]["recent_seconds"])
                 if group["gap"]["baseline_seconds"] is not None:

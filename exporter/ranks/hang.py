@@ -103,8 +103,8 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     frontier = min(progress[r].completed for r in fresh) + 1
     waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
     behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)
-    noted = [t.last_progress(pg) for t in members]
-    since = now - max((n for n in noted if n is not None), default=now)
+    noted = [n for n in (t.last_progress(pg) for t in members) if n is not None]
+    since = now - max(noted, default=now)
     created = [t.index.get(pg, {}).get(frontier) for t in members]
     known = [c for c in created if c is not None]
     waited = now - min(c.created_ns for c in known) / 1e9 if known else None
@@ -162,6 +162,7 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
         "op": op,
         "issued": {str(r): desync.compared(e) for r, e in sorted(issued.items())} if shown else {},
         "desync": found,
+        "last_progress": max(noted, default=None),
         "no_progress_seconds": round(since, 3),
         "stalled_seconds": round(stalled_for, 3),
         "quiet_seconds": round(quiet, 3),

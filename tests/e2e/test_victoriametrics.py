@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,8 @@ class Stacks:
     victoria: Route
     vmagents: list[str]  # URLs of the shards
     started: float
+    vm: str  # VictoriaMetrics' URL
+    rules: Path  # the rule files vmalert evaluates
 
 
 def compose_command(service: str, mapping: dict[str, str]) -> list[str]:
@@ -160,7 +163,8 @@ def stacks() -> Iterator[Stacks]:
             old: new, "http://victoriametrics:8428": vm_url,
             "http://alertmanager:9093": managers[1].url,
             "/etc/llmmon/rules": str(rules), "-evaluationInterval=15s": f"-evaluationInterval={INTERVAL}"})])
-        yield Stacks(Route(receivers[0]), Route(receivers[1]), shards, time.monotonic())
+        yield Stacks(Route(receivers[0]), Route(receivers[1]), shards, time.monotonic(), vm_url,
+                     rules)
     finally:
         for process in reversed(processes):
             stop_process(process)
@@ -221,3 +225,58 @@ def test_hang_pages_the_same_through_vmalert_as_through_prometheus(stacks: Stack
         stalled.sub("completed nothing for ...", expected.annotations["description"])
     assert {k: v for k, v in got.annotations.items() if k != "description"} == \
         {k: v for k, v in expected.annotations.items() if k != "description"}
+
+
+# Families with one series per rank (or per rank and group): what a rule must not read for the
+# whole fleet when one job hangs.  (The cheap question itself reads one more, each rank's
+# last-progress time: "has the group completed nothing for the hang window".)
+PER_RANK = re.compile(r"llmmon_nccl_last_(enqueued|started|completed)_seq|llmmon_rank_\w+")
+FETCH = re.compile(r"^fetch matching series: filters=\[\{(.*)\}\]")
+FILTER = re.compile(r'([a-zA-Z_]+)(=~|!~|!=|=)"((?:[^"\\]|\\.)*)"')
+
+
+def _query(url: str, expr: str, **extra: str) -> dict:
+    params = urllib.parse.urlencode({"query": expr, **extra})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{params}", timeout=30) as response:
+        return json.load(response)
+
+
+def _fetches(trace: dict) -> Iterator[list[tuple[str, str, str]]]:
+    """The label filters of every series fetch in a VictoriaMetrics query trace."""
+    found = FETCH.match(trace.get("message", ""))
+    if found:
+        yield FILTER.findall(found.group(1))
+    for child in trace.get("children") or ():
+        yield from _fetches(child)
+
+
+def _reads(filters: list[tuple[str, str, str]], job: str) -> bool:
+    """Whether a fetch with these filters reads series of `job`."""
+    for label, op, value in filters:
+        if label == "job_id" and (op == "=" and value != job
+                                  or op == "=~" and not re.fullmatch(value, job)):
+            return False
+    return True
+
+
+def test_the_hang_rules_read_the_ranks_of_the_stalled_job_only(stacks: Stacks) -> None:
+    """Every LLMTrainingHang and LLMTrainingNetworkSlow rule asks its cheap per-group question
+    first: VictoriaMetrics (1.79: it evaluates the right side of `and` first and narrows the
+    left side's selectors to the label values it returned) then reads the per-rank series of
+    the job that stalled, never those of sim-01's healthy job (docs/capacity.md). Without the
+    series of no job, an empty answer to the cheap question narrows nothing."""
+    wait_for("LLMTrainingHang through vmalert", stacks.victoria.hang,
+             stacks.started + DEADLINE)
+    info = _query(stacks.vm, 'llmmon_rank_info{node="sim-01"}')["data"]["result"]
+    healthy = info[0]["metric"]["job_id"]
+    rules = [r for g in yaml.safe_load((stacks.rules / "alerts.yaml").read_text())["groups"]
+             for r in g["rules"]
+             if r.get("alert") in ("LLMTrainingHang", "LLMTrainingNetworkSlow")]
+    assert len(rules) == 7
+    for rule in rules:
+        trace = _query(stacks.vm, rule["expr"], trace="1", nocache="1")["trace"]
+        per_rank = [f for f in _fetches(trace)
+                    if any(k == "__name__" and PER_RANK.fullmatch(v) for k, _, v in f)]
+        read = [f for f in per_rank if _reads(f, healthy)]
+        assert not read, (rule["labels"], read)
+        assert per_rank or rule["alert"] == "LLMTrainingNetworkSlow", rule["labels"]

@@ -16,7 +16,8 @@ import requests
 
 from llmmon.commands.launch import environment
 from tests.conftest import ROOT
-from tests.ranks.jobs import Job, base_env, by_rank, looks, make_collector, scrape, wait_for
+from tests.ranks.jobs import Job, base_env, by_rank, looks, make_collector, scrape, series, \
+    wait_for
 
 pytestmark = pytest.mark.slow  # real multi-process torch jobs
 
@@ -96,6 +97,9 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
     assert group["op"]["seq"] == 2 * STEPS // 2 + 1 and group["op"]["coll"] == "all_reduce"
     assert by_rank(samples, "llmmon_nccl_last_enqueued_seq", pg="0") == {0: 21, 1: 21, 2: 20}
     assert by_rank(samples, "llmmon_nccl_last_completed_seq", pg="0") == {0: 20, 1: 20, 2: 20}
+    progress = by_rank(samples, "llmmon_nccl_last_progress_timestamp_seconds", pg="0")
+    assert series(samples, "llmmon_nccl_group_last_progress_timestamp_seconds", pg="0") == \
+        {(("job_id", JOB), ("pg", "0")): max(progress.values())}
     ages = by_rank(samples, "llmmon_nccl_oldest_inflight_age_seconds", pg="0")
     assert ages[0] > 0 and ages[1] > 0 and ages[2] == 0
 
