@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -61,6 +62,8 @@ def parse() -> argparse.Namespace:
                         help="the culprit runs no reporter (as a rank of another node)")
     parser.add_argument("--stuck-at", type=int, default=-1,
                         help="the culprit's data loader never returns from this step on")
+    parser.add_argument("--freeze-at", type=int, default=-1,
+                        help="the culprit stops itself (SIGSTOP) between collectives here")
     parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
     parser.add_argument("--ckpt-seconds", type=float, default=0.0)
     parser.add_argument("--overlap", type=int, default=0,
@@ -95,6 +98,16 @@ def retired(timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def freeze(reporter: object) -> None:
+    """SIGSTOP this process between steps, after its reporter wrote the last collective done:
+    a stop from outside at a random moment can catch a collective in flight, and the group then
+    waits in it (another verdict, also right: tests/ranks/test_quiet_job.py wants this one)."""
+    retired()
+    if reporter is not None:
+        reporter.flush()  # type: ignore[attr-defined]
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def main() -> None:
     args = parse()
     reporter = None
@@ -120,6 +133,8 @@ def main() -> None:
             sys.exit(3)
         if culprit and step == args.stuck_at:
             load_next_batch(args.hold)
+        if culprit and step == args.freeze_at:
+            freeze(reporter)
         if step == args.desync_at:  # the same sequence number, another collective
             if culprit:
                 dist.broadcast(torch.zeros(64), src=args.rank)
