@@ -9,11 +9,13 @@ default flags) and serves it N times from one asyncio process, as `/nodes/<i>/me
   a GPU (`uuid`, `serial`), and nodes form jobs of `--job-nodes` nodes with global ranks
   (`job_id`, `rank`, `ranks`, `world_size`, `pod`), as a real fleet has;
 - counters, histogram buckets, sums and counts advance: each is scaled by (1 + t/600 s), so a
-  rate is constant and a histogram stays monotone in `le`; `*_timestamp_seconds` gauges advance
-  with the clock (no job looks hung), every other gauge stays as recorded;
-- `--hung-jobs K` freezes the last-progress timestamps of the first K jobs' nodes at their
-  recorded value (minutes old by the time anything queries them): those jobs look hung to the
-  rules, so that what a rule costs while jobs hang can be measured, not only when none does;
+  rate is constant and a histogram stays monotone in `le`; `*_timestamp_seconds` gauges keep
+  the age they had when the exposition was recorded and advance with the clock (no job looks
+  hung, however old the recording), every other gauge stays as recorded;
+- `--hung-jobs K` freezes the last-progress timestamps (each rank's and each group's) of the
+  first K jobs' nodes `HUNG_FOR_S` before the fleet started: those jobs look hung to the rules
+  (past the 180 s hang window) from the start, so that what a rule costs while jobs hang can
+  be measured, not only when none does;
 - the `node` and `cluster` labels come from the file_sd targets file it writes, as they do in
   the shipped scrape configs.
 
@@ -47,7 +49,10 @@ GROWTH_S = 600.0  # a counter grows by its recorded value every GROWTH_S seconds
 GPUS = 8
 NODE_LABELS = ("uuid", "serial", "job_id", "rank", "ranks", "world_size", "pod")
 RECORD_SETTLE_S = 40.0  # the GPU collector's 15 s slow calls and two ranks ticks
-PROGRESS = "llmmon_nccl_last_progress_timestamp_seconds"  # frozen on a hung job's nodes
+HUNG_FOR_S = 600.0  # how long a --hung-jobs job has completed nothing when the fleet starts
+# Frozen on a hung job's nodes: each rank's last progress, and the newest of them per group.
+PROGRESS = ("llmmon_nccl_last_progress_timestamp_seconds",
+            "llmmon_nccl_group_last_progress_timestamp_seconds")
 
 
 class Template:
@@ -75,6 +80,8 @@ class Template:
                 parts.append(LABEL.sub(self._label, labels.replace("%", "%%%%")))
             parts.append(" " + self._value(name, kinds, value) + "\n")
         self.format = "".join(parts)
+        # When it was recorded: its newest timestamp (the exporter's last collector run).
+        self.recorded_at = max((v for kind, v in self.values if kind != "counter"), default=0.0)
 
     def _label(self, match: re.Match[str]) -> str:
         key, value = match.groups()
@@ -86,7 +93,7 @@ class Template:
     def _value(self, name: str, kinds: dict[str, str], value: str) -> str:
         family = re.sub(r"_(total|bucket|sum|count|created)$", "", name)
         if name.endswith("_timestamp_seconds"):
-            self.values.append(("progress" if name == PROGRESS else "clock", float(value)))
+            self.values.append(("progress" if name in PROGRESS else "clock", float(value)))
             return "%s"
         if float(value) and (kinds.get(family) in ("counter", "histogram", "summary")
                              or kinds.get(name) == "counter"):
@@ -94,13 +101,16 @@ class Template:
             return "%s"
         return value
 
-    def at(self, elapsed: float, hung: bool = False) -> str:
-        """The exposition `elapsed` seconds on, with every node label still a `%s` slot;
-        `hung`: the last-progress timestamps stay as recorded."""
+    def at(self, started: float, elapsed: float, hung: bool = False) -> str:
+        """The exposition `elapsed` seconds after `started` (Unix time), with every node label
+        still a `%s` slot; `hung`: the last-progress timestamps stay `HUNG_FOR_S` before
+        `started`."""
         scale = 1.0 + elapsed / GROWTH_S
+        shift = started - self.recorded_at
         return self.format % tuple(
             repr(round(v * scale, 3)) if kind == "counter"
-            else repr(v) if hung and kind == "progress" else repr(v + elapsed)
+            else repr(v + shift - HUNG_FOR_S) if hung and kind == "progress"
+            else repr(v + shift + elapsed)
             for kind, v in self.values)
 
 
@@ -157,8 +167,9 @@ class Fleet:
         second = int(time.time() - self.started)
         if second != self._second:
             self._second = second
-            self._current = (self.template.at(second),
-                             self.template.at(second, hung=True) if self.hung_nodes else "")
+            self._current = (self.template.at(self.started, second),
+                             self.template.at(self.started, second, hung=True)
+                             if self.hung_nodes else "")
         return (self._current[index < self.hung_nodes] % self.labels[index]).encode()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -30,9 +30,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capacity  # noqa: E402  (bench/ is not a package: capacity.py imports `common` the same way)
+import fleet  # noqa: E402
 
 RULES = Path("alerts") / "rules" / "alerts.yaml"
 RECORDED = re.compile(r"[a-z_]+:[a-z_:]+|\bALERTS\b")
+HUNG_AFTER_S = 180  # the shipped hang window (alerts/config.yaml hang_window_seconds)
 
 
 def alerts(text: str, group: str) -> list[tuple[str, str]]:
@@ -56,6 +58,13 @@ def probe(nodes: int, hung_jobs: int, settle: float, runs: int,
           renders: dict[str, list[tuple[str, str]]]) -> dict[str, list[dict[str, Any]]]:
     with capacity.fleet_in_victoria(nodes, f"--hung-jobs={hung_jobs}") as url:
         time.sleep(settle)
+        # The fleet's jobs have one group each: as many groups as hung jobs must look hung,
+        # by each rank's last-progress time and by each group's.
+        for name in fleet.PROGRESS:
+            _, hung = ask(url, f"time() - max by (cluster, job_id, pg) ({name}) > {HUNG_AFTER_S}")
+            print(f"groups that completed nothing for {HUNG_AFTER_S} s by {name}: {len(hung)}"
+                  + ("" if len(hung) == hung_jobs else f" (not {hung_jobs}: the run is not valid)"),
+                  flush=True)
         found: dict[str, list[dict[str, Any]]] = {name: [] for name in renders}
         for index in range(len(next(iter(renders.values())))):
             times: dict[str, list[float]] = {name: [] for name in renders}
