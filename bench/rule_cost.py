@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capacity  # noqa: E402  (bench/ is not a package: capacity.py imports `common` the same way)
 import fleet  # noqa: E402
 
+sys.path.insert(0, str(capacity.ROOT))
+from alerts.render import load_thresholds  # noqa: E402
+
 RULES = Path("alerts") / "rules" / "alerts.yaml"
 RECORDED = re.compile(r"[a-z_]+:[a-z_:]+|\bALERTS\b")
-HUNG_AFTER_S = 180  # the shipped hang window (alerts/config.yaml hang_window_seconds)
 
 
 def alerts(text: str, group: str) -> list[tuple[str, str]]:
@@ -60,9 +62,10 @@ def probe(nodes: int, hung_jobs: int, settle: float, runs: int,
         time.sleep(settle)
         # The fleet's jobs have one group each: as many groups as hung jobs must look hung,
         # by each rank's last-progress time and by each group's.
+        window = load_thresholds()["hang_window_seconds"].value  # the shipped hang window
         for name in fleet.PROGRESS:
-            _, hung = ask(url, f"time() - max by (cluster, job_id, pg) ({name}) > {HUNG_AFTER_S}")
-            print(f"groups that completed nothing for {HUNG_AFTER_S} s by {name}: {len(hung)}"
+            _, hung = ask(url, f"time() - max by (cluster, job_id, pg) ({name}) > {window}")
+            print(f"groups that completed nothing for {window} s by {name}: {len(hung)}"
                   + ("" if len(hung) == hung_jobs else f" (not {hung_jobs}: the run is not valid)"),
                   flush=True)
         found: dict[str, list[dict[str, Any]]] = {name: [] for name in renders}
