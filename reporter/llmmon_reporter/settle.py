@@ -1,9 +1,11 @@
-"""gloo groups whose last collective is done though pg_status says it is not.
+"""gloo groups whose collectives are done though pg_status says they are not.
 
 gloo sets last_completed_collective as each work finishes: two collectives in flight finishing
-out of order leave it one behind for good (DDP's overlapped buckets, any `async_op=True` pair),
-and an idle group would read as stuck in a collective that is done.  The ring says otherwise:
-none of the group's records after `completed` is unfinished.
+out of order leave it one behind for good (DDP's overlapped buckets, any `async_op=True` pair,
+even back-to-back blocking calls), so an idle group would read as stuck in a collective that is
+done, and a group stuck in its next one as stuck in the one before (a desync at #121 read as
+all ranks agreeing on #120).  The ring says otherwise: a group is done up to just before its
+oldest unfinished record after `completed`, or up to `enqueued` when it has none.
 
 One read is not proof.  gloo sets last_enqueued_collective before it records the collective in
 the ring (ProcessGroupGloo::enqueue), so a status read between the two, with the ring read
@@ -25,17 +27,22 @@ MAX_SETTLED = 8
 
 
 def final(progress: Progress, active: bytes) -> dict[str, int]:
-    """pg -> its last enqueued sequence number, where `progress` says it is not completed but
-    `active` (the ring's unfinished records, read after the status) holds none after
-    `completed`."""
+    """pg -> the sequence number it is done up to, where that is past what `progress` says it
+    completed: just before its oldest record in `active` (the ring's unfinished records, read
+    after the status) after `completed`, else its last enqueued."""
     unfinished: dict[str, list[int]] = {}
     for entry in json.loads(active).get("entries") or ():
         group = entry.get("process_group")
         if not entry.get("is_p2p") and isinstance(group, list) and group:
             unfinished.setdefault(str(group[0]), []).append(entry.get("collective_seq_id", -1))
-    return {pg: enqueued for pg, (enqueued, completed) in progress.items()
-            if 0 < enqueued - completed <= MAX_SETTLED
-            and not any(completed < seq <= enqueued for seq in unfinished.get(pg, ()))}
+    done: dict[str, int] = {}
+    for pg, (enqueued, completed) in progress.items():
+        if 0 < enqueued - completed <= MAX_SETTLED:
+            upto = min((seq - 1 for seq in unfinished.get(pg, ()) if completed < seq <= enqueued),
+                       default=enqueued)
+            if upto > completed:
+                done[pg] = upto
+    return done
 
 
 class Settled:

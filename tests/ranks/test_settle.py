@@ -55,3 +55,16 @@ def test_a_group_too_far_behind_or_recreated_below_what_was_settled_is_not_settl
     for _ in range(2):
         settled.observe({"0": (41, 40)}, ring())
     assert settled.apply({"0": (3, 2)}) == {"0": (3, 2)} and settled.seqs == {}
+
+
+def test_a_group_stuck_in_its_next_collective_is_settled_up_to_the_one_before() -> None:
+    # rank 0 of a desync at #121 (CI, once): #120 finished, but completed read 119 for good;
+    # unsettled, the group looked stuck at #120, where every rank issued the same all_reduce
+    settled = Settled()
+    settled.observe({"0": (121, 119)}, ring(121))
+    assert settled.apply({"0": (121, 119)}) == {"0": (121, 119)}  # one read is not proof
+    settled.observe({"0": (121, 119)}, ring(121))
+    assert settled.apply({"0": (121, 119)}) == {"0": (121, 120)}
+    for _ in range(2):
+        settled.observe({"0": (124, 119)}, ring(121, 123))
+    assert settled.apply({"0": (124, 119)}) == {"0": (124, 120)}  # up to its oldest unfinished
