@@ -43,7 +43,7 @@ def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path:
                 return probe
             # The frozen job stops itself at step 300, between collectives (a stop from
             # outside can catch one in flight: "rank 0 waits in all_reduce #49 ...; rank 0 is
-            # stopped", as stop 31's CI once saw).
+            # stopped", as CI once saw).
             wait_for(learned("frozen1"), 480, "the frozen job's pace learned")
             try:
                 def stalled(job_id: str):  # type: ignore[no-untyped-def]

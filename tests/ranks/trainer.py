@@ -88,23 +88,24 @@ def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
             os.fsync(handle.fileno())
 
 
-def retired(timeout: float = 10.0) -> None:
-    """Until gloo has retired every record of the ring (a moment after the last collective
-    returns), at most `timeout` seconds."""
+def flush_retired(reporter: object, timeout: float = 10.0) -> None:
+    """Flush the reporter once gloo has retired every record of the ring (a moment after the
+    last collective returns; at most `timeout` seconds): the flush sees the last collective
+    done, as later ticks would."""
     dump = torch._C._distributed_c10d._dump_fr_trace_json
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not all(
             e.get("retired") for e in json.loads(dump()).get("entries", ())):
         time.sleep(0.01)
+    if reporter is not None:
+        reporter.flush()  # type: ignore[attr-defined]
 
 
 def freeze(reporter: object) -> None:
     """SIGSTOP this process between steps, after its reporter wrote the last collective done:
     a stop from outside at a random moment can catch a collective in flight, and the group then
     waits in it (another verdict, also right: tests/ranks/test_quiet_job.py wants this one)."""
-    retired()
-    if reporter is not None:
-        reporter.flush()  # type: ignore[attr-defined]
+    flush_retired(reporter)
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -166,8 +167,7 @@ def main() -> None:
             reporter.step(tokens=32, loss=reported, model_flops=6 * 64 * 64 * 32)
     health: dict = {}
     if reporter is not None:
-        retired()  # the last flush sees the last collective done, as later ticks would
-        reporter.flush()
+        flush_retired(reporter)
         deadline = time.monotonic() + args.wait_disabled
         while time.monotonic() < deadline and not reporter.health().get("disabled"):
             time.sleep(0.05)
