@@ -14,19 +14,13 @@ when every end seen here is a peer's failure: the rank that went first is on ano
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from llmmon.ranks.failure import PEER_FAILURE
 from llmmon.ranks.ledger import RankTrack
 from llmmon.ranks.liveness import Process
 from llmmon.ranks.spans import spans_text
-
-# A peer that died or left shows up in the survivors as one of these (gloo, NCCL, c10d).
-PEER_FAILURE = re.compile(r"connection (closed|reset)|broken pipe|peer|DistBackendError|"
-                          r"DistNetworkError|remote process|NCCL (error|communicator)|"
-                          r"timed? ?out|abort", re.IGNORECASE)
-
 
 # How torchrun tears the rest of a job down, and how schedulers preempt: SIGTERM (or SIGINT,
 # SIGHUP).  A rank that died of another signal (SIGKILL from the OOM killer, SIGSEGV, SIGABRT)

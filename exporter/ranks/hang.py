@@ -97,9 +97,13 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     stale = sorted(t.state.identity.rank for t in members if t.age(now) > limits.stale_after)
     frozen = {t.state.identity.rank for t in members
               if job.doing(t, now, 1.0, limits).stopped}
-    # A stale or stopped rank's last report is old: the others may have completed more since;
-    # the frontier is that of the ranks that still report (the silent one is behind it).
-    fresh = [r for r in progress if r not in frozen and r not in stale] or list(progress)
+    # A stale, stopped or vanished rank's last report is old: the others may have completed
+    # more since; the frontier is that of the ranks that still report or said how they ended
+    # (the silent one is behind it).
+    gone = {t.state.identity.rank for t in members
+            if (end := ending.end_of(t, job.processes[t.state.identity.rank])) is not None
+            and end.how == "vanished"}
+    fresh = [r for r in progress if r not in frozen | gone and r not in stale] or list(progress)
     frontier = min(progress[r].completed for r in fresh) + 1
     waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
     behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from llmmon.ranks import collectives
+from llmmon.ranks import collectives, failure
 from llmmon.ranks.schema import Activity, Collective, FrDump, Group, Progress, RankEntries, \
     RankState
 
@@ -146,10 +147,10 @@ class RankTrack:
                 # first sight is not a change (0: never seen changing), unlike completions
                 self.enqueue_noted[pg] = (group.enqueued, now if noted else 0.0)
 
-    def index_dump(self, dump: FrDump) -> None:
+    def note_enqueued(self, entries: Iterable[Collective]) -> None:
         """Enqueue times of the groups the rank reports, the newest of each in its share."""
         progress = self.state.progress
-        for entry in dump.entries:
+        for entry in entries:
             if not entry.is_p2p and entry.pg in progress:
                 self.index.setdefault(entry.pg, {})[entry.seq] = Enqueued(
                     entry.created_ns, entry.coll, entry.dtype, entry.nbytes)
@@ -244,6 +245,7 @@ class Ledger:
     def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
         """Take a rank's newest state; False when the rank budget (all, or its job's) is
         spent.  The in-flight dump is indexed, not kept."""
+        state = failure.failed_in(state)
         key = (state.identity.job_id, state.identity.rank)
         track = self.tracks.get(key)
         if track is None or track.pid != state.identity.pid:
@@ -270,7 +272,9 @@ class Ledger:
                                            or track.activity[-1][1] != state.activity):
             track.activity.append((state.written_ns / 1e9, state.activity))
         if state.inflight is not None:
-            track.index_dump(state.inflight)
+            track.note_enqueued(state.inflight.entries)
+        if state.exit is not None and state.exit.collective is not None:
+            track.note_enqueued((state.exit.collective,))
         return True
 
     def counted(self, job_id: str, rank: int, pid: int) -> set[int]:
@@ -283,7 +287,7 @@ class Ledger:
         if track is None or track.pid != entries.pid:
             return  # entries of a process whose state we do not follow
         track.dump_groups = entries.dump.groups or track.dump_groups
-        track.index_dump(entries.dump)
+        track.note_enqueued(entries.dump.entries)
         overflow = track.overflow
         track.count(entries.dump)
         if track.overflow > overflow:

@@ -241,6 +241,7 @@ class Exit:
     how: str  # exit or exception
     code: int
     error: str
+    collective: Collective | None = None  # an exception's newest record (ranks.failure)
 
 
 @dataclass(frozen=True)
@@ -505,13 +506,19 @@ def _stack(raw: Any) -> tuple[Frame, ...] | None:
                  for f in _list(raw, "stack", MAX_FRAMES))
 
 
-def _exit(raw: Any) -> Exit | None:
+def _exit(raw: Any, notes: Notes) -> Exit | None:
     if raw is None:
         return None
     doc = _obj(raw, "exit")
+    inside = None
+    if doc.get("collective") is not None:
+        try:
+            inside = collective(doc["collective"], notes)
+        except SchemaError as exc:  # the end itself still counts
+            notes.drop(f"exit.collective: {exc}")
     return Exit(at=_int(doc.get("ns"), "exit.ns") / 1e9, how=text(doc.get("how", ""), "how")[:16],
                 code=_int(doc.get("code"), "exit.code", -255, 255),
-                error=text(doc.get("error", ""), "exit.error"))
+                error=text(doc.get("error", ""), "exit.error"), collective=inside)
 
 
 def _memory(raw: Any) -> dict[str, int] | None:
@@ -539,7 +546,7 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
         inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT),
         activity=_activity(doc.get("activity")),
         stack=_stack(doc.get("stack")),
-        exit=_exit(doc.get("exit")))
+        exit=_exit(doc.get("exit"), notes))
 
 
 def parse_log_header(line: bytes, notes: Notes) -> tuple[str, int, int]:

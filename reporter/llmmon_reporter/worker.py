@@ -177,12 +177,18 @@ class Reporter:
 
     def _last_look(self, session: _Session) -> None:
         """Progress and what was in flight as the process ends, not as of the last tick: a
-        rank that dies in a collective its peers disagree with (gloo fails a size mismatch in
-        milliseconds) leaves it here, the daemon's evidence of a desync."""
+        rank that dies in a collective its peers disagree with leaves it here, the daemon's
+        evidence of a desync.  gloo counts a collective that raised as completed and retires
+        its record, so an exception's exit record also carries the newest record (the
+        collective it raised in, when the exception came from one: the daemon decides)."""
         try:
             if session.torch.distributed.is_initialized():
                 self._status = session.flight.status()
                 self._read_inflight(session, self._settled.apply(_progress(self._status)))
+                if self._exit is not None and self._exit["how"] == "exception":
+                    records = session.flight.ring(_numbered).get("entries") or ()
+                    self._exit["collective"] = max(records, key=lambda e: e["record_id"],
+                                                   default=None)
         except Exception:
             pass  # the last tick's view stands
 
@@ -362,6 +368,12 @@ class Reporter:
         os.makedirs(directory, exist_ok=True)
         spoolfile.write_atomic(directory, name, session.flight.full())
         self.dumps_written += 1
+
+
+def _numbered(entry: Any) -> dict[str, Any] | None:
+    """A record's fields the daemon reads, if it has a record id to order it by."""
+    ok = isinstance(entry, dict) and type(entry.get("record_id")) is int
+    return entrylog.project(entry) if ok else None
 
 
 def _importing(module: Any) -> bool:

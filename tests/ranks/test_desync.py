@@ -1,6 +1,8 @@
 """A desync through real gloo ranks: at one sequence number of the default group rank 1
 broadcasts where ranks 0 and 2 all-reduce, and the group hangs.  The daemon names rank 1 with
-what each rank issued, and exports each rank's collective for the rules' cross-node vote."""
+what each rank issued, and exports each rank's collective for the rules' cross-node vote.  A
+desync by size does not hang gloo: it aborts the rank that receives the odd size and fails the
+others in that collective, and the daemon names the culprit from what they failed in."""
 
 from __future__ import annotations
 
@@ -68,3 +70,38 @@ def test_two_ranks_that_disagree_are_told_apart_by_what_the_group_issued_before(
     assert found["majority"].startswith("all_reduce 256 B"), found
     assert f"a desync at #{found['seq']}: rank 1 issued broadcast 256 B" in group["summary"]
     assert "as the group did before" in group["summary"], group["summary"]
+
+
+def test_a_desync_by_size_is_named_from_the_collective_the_ranks_failed_in(
+        tmp_path: Path) -> None:
+    # gloo aborts the rank that receives rank 3's 72 floats (SIGABRT, no exit record) within
+    # milliseconds; ranks 0, 1 and 3 raise in that all-reduce, which gloo counts as completed
+    with watched_collector(tmp_path) as (spool, collector):
+        env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="desync-size")
+        args = [*LONG, "--culprit", "3", "--desync-at", "30", "--desync-by", "size"]
+        with Job(tmp_path, 4, args, env) as job:
+            def desynced() -> dict | None:
+                doc = job_doc(collector)
+                group = group_doc(collector)
+                ended = doc is not None and doc["end"] is not None and doc["end"]["ended"]
+                return group if ended and group and group["desync"] else None
+            group = wait_for(desynced, 240, "the desync, once the job ended",
+                             context=lambda: (job_doc(collector), job.logs()))
+            samples = scrape(collector)[0]
+            codes = [proc.wait(timeout=60) for proc in job.procs]
+    found = group["desync"]
+    aborted = [rank for rank, code in enumerate(codes) if code == -6]
+    assert len(aborted) == 1 and aborted != [3] and codes[3] == 1, codes
+    assert (found["odd"], found["basis"]) == ([3], "majority"), group
+    assert found["issued"]["3"] == "all_reduce 288 B Float", found
+    survivors = sorted({0, 1, 2} - set(aborted))
+    assert {found["issued"][str(r)] for r in survivors} == {"all_reduce 256 B Float"}, found
+    assert str(aborted[0]) not in found["issued"], found
+    assert group["summary"].startswith("job desync-size, group 0 (default_pg): not a hang: "), \
+        group["summary"]
+    assert f"a desync at #{found['seq']}: rank 3 issued all_reduce 288 B Float" \
+        in group["summary"], group["summary"]
+    issued = series(samples, "llmmon_nccl_inflight_collective_info", job_id="desync-size",
+                    pg="0")
+    assert {dict(k)["rank"]: (dict(k)["seq"], dict(k)["signature"]) for k in issued} == {
+        rank: (str(found["seq"]), signature) for rank, signature in found["issued"].items()}

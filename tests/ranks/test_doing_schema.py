@@ -1,4 +1,5 @@
-"""The reporter's activity, stack and exit blocks through the real parser: typed, or refused."""
+"""The reporter's activity, stack and exit blocks through the real parser: typed, or refused;
+and what the daemon makes of them (the collective an exception came from)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from llmmon.ranks.culprit import where
+from llmmon.ranks.failure import failed_in
 from llmmon.ranks.schema import Notes, SchemaError, parse_state
 from tests.conftest import FIXTURES
 
@@ -72,3 +74,42 @@ def test_the_reporters_settled_sequence_number_moves_completed_within_what_was_e
 def test_a_malformed_settled_block_refuses_the_document(settled: Any, message: str) -> None:
     with pytest.raises(SchemaError, match=message):
         _lagging(settled)
+
+
+RECORD = {"record_id": 40, "pg_id": 0, "process_group": ["0", "default_pg"],
+          "collective_seq_id": 5, "is_p2p": False, "profiling_name": "gloo:all_reduce",
+          "input_sizes": [[72]], "input_dtypes": ["Float"], "output_sizes": [[72]],
+          "output_dtypes": ["Float"], "time_created_ns": 1_000, "state": "scheduled",
+          "retired": True}  # gloo's record of an all-reduce that raised: retired, "completed"
+RESET = "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+
+
+def _died(error: str, record: Any = RECORD, how: str = "exception") -> Any:
+    """A rank whose pg_status says #5 enqueued and completed, ended with `error` in `record`."""
+    status = {"pg_status": {"0": {"last_enqueued_collective": "5", "last_started_collective":
+                                  "-1", "last_completed_collective": "5"}}}
+    notes = Notes()
+    state = parse_state(json.dumps({**STATE, "status": status, "exit": {
+        "ns": 1, "how": how, "code": 1, "error": error, "collective": record}}).encode(), notes)
+    return failed_in(state), notes
+
+
+@pytest.mark.parametrize("error, how, completed", [
+    (RESET, "exception", 4),  # the collective it raised in did not complete
+    ("DistBackendError: NCCL communicator was aborted", "exception", 4),
+    ("ValueError: bad batch", "exception", 5),  # its own code raised after #5 completed
+    ("", "exit", 5),  # sys.exit: no collective failed
+])
+def test_a_rank_that_died_of_a_communication_error_did_not_complete_its_newest_collective(
+        error: str, how: str, completed: int) -> None:
+    state, notes = _died(error, how=how)
+    assert state.progress["0"].completed == completed
+    assert state.exit.collective.seq == 5 and state.exit.collective.nbytes == 288
+    assert not notes.dropped
+
+
+def test_a_malformed_exit_collective_is_dropped_and_the_end_still_counts() -> None:
+    state, notes = _died(RESET, record={**RECORD, "collective_seq_id": "five"})
+    assert state.exit is not None and state.exit.collective is None
+    assert state.progress["0"].completed == 5
+    assert notes.dropped

@@ -6,11 +6,11 @@ Flight Recorder environment it saw), then keeps running for --hold seconds so th
 keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives), straggler
 (the culprit sleeps before each collective), exit (the culprit leaves early); and, at a given
 step, a crash (the culprit raises), an exit (the culprit calls sys.exit(3)), a desync (the
-culprit broadcasts where its peers all-reduce), a data loader that never returns (the culprit
-sleeps in `load_next_batch`) or a checkpoint (rank 0 writes with torch.save while the others
-wait).  --culprit-unwatched: the culprit runs no reporter, as a rank on another node would
-(its daemon, not this one, sees it).  --overlap: an asynchronous all-reduce in flight with the
-gradients' (gloo then completes out of order).
+culprit broadcasts where its peers all-reduce, or all-reduces another size), a data loader
+that never returns (the culprit sleeps in `load_next_batch`) or a checkpoint (rank 0 writes
+with torch.save while the others wait).  --culprit-unwatched: the culprit runs no reporter, as
+a rank on another node would (its daemon, not this one, sees it).  --overlap: an asynchronous
+all-reduce in flight with the gradients' (gloo then completes out of order).
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def parse() -> argparse.Namespace:
                         help="the culprit calls sys.exit(3) here")
     parser.add_argument("--desync-at", type=int, default=-1,
                         help="the culprit broadcasts where its peers all-reduce, here")
+    parser.add_argument("--desync-by", choices=("op", "size"), default="op",
+                        help="size: the culprit all-reduces 72 floats where its peers "
+                             "all-reduce 64 (gloo aborts the rank that receives them)")
     parser.add_argument("--culprit-spool", default="",
                         help="the culprit reports into this spool (as a rank of another node)")
     parser.add_argument("--culprit-unwatched", action="store_true",
@@ -137,10 +140,10 @@ def main() -> None:
         if culprit and step == args.freeze_at:
             freeze(reporter)
         if step == args.desync_at:  # the same sequence number, another collective
-            if culprit:
+            if culprit and args.desync_by == "op":
                 dist.broadcast(torch.zeros(64), src=args.rank)
             else:
-                dist.all_reduce(torch.zeros(64))
+                dist.all_reduce(torch.zeros(72 if culprit else 64))
         if args.rank == 0 and step == args.ckpt_at:
             save_checkpoint(model, os.path.join(args.out, "ckpt.pt"), args.ckpt_seconds)
         data = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + args.rank))
