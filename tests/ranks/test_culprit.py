@@ -4,7 +4,8 @@ One job, two phases: rank 0 writes a checkpoint (torch.save, 45 s) while ranks 1
 all_reduce: busy, not a hang, though the job's learned threshold is below 45 s; then rank 2's
 data loader never returns: stalled once the learned threshold passes, long before the 180 s
 ceiling, with its stack, its state and its idle CPU in the verdict.  A second job: a rank frozen
-with SIGSTOP, its reporter with it, is named from its process state.
+with SIGSTOP, its reporter with it, is named from its process state; a third stops it inside a
+collective its peers then enter.
 """
 
 from __future__ import annotations
@@ -105,6 +106,31 @@ def test_a_frozen_rank_is_named_from_its_process_state(tmp_path: Path) -> None:
                      group["summary"]), group["summary"]
     assert [dict(k)["state"] for k in series(samples, "llmmon_rank_doing_info", rank="1")] == \
         ["stopped"]
+
+
+def test_a_rank_frozen_inside_a_collective_is_named_stopped_not_the_gpu_or_the_network(
+        tmp_path: Path) -> None:
+    # Every rank enqueued the all-reduce and none completes it: without the process state that
+    # reads as "suspect the GPU or the network"; rank 1 is stopped inside it (its peers enter it
+    # only once it is stopped, so it is inside, never before it)
+    args = [*LONG, "--culprit", "1", "--freeze-inside-at", "60"]
+    with watched_collector(tmp_path) as (spool, collector):
+        env = base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="frozen-inside")
+        with Job(tmp_path, 3, args, env) as job:
+            try:
+                def frozen() -> dict | None:
+                    group = group_doc(collector)
+                    return group if group and group["stalled"] and group["stopped"] else None
+                group = wait_for(frozen, 240, "the rank stopped inside a collective to stall it",
+                                 context=lambda: (group_doc(collector), job.logs()))
+            finally:
+                os.kill(job.procs[1].pid, signal.SIGCONT)
+    assert (group["stopped"], group["behind"], group["waiting"]) == ([1], [], [0, 1, 2]), group
+    assert group["op"]["coll"] == "all_reduce", group
+    assert re.search(r"ranks 0–2 wait in all_reduce #\d+ for \d+ s; rank 1 is stopped \(state "
+                     r"T: SIGSTOP or a debugger\), its reporter silent for \d+ s",
+                     group["summary"]), group["summary"]
+    assert "suspect the GPU or the network" not in group["summary"], group["summary"]
 
 
 def test_a_rank_behind_on_another_node_is_left_to_its_own_nodes_daemon(tmp_path: Path) -> None:

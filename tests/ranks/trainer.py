@@ -7,10 +7,11 @@ keeps writing.  Behaviours: healthy, hang (the culprit stops issuing collectives
 (the culprit sleeps before each collective), exit (the culprit leaves early); and, at a given
 step, a crash (the culprit raises), an exit (the culprit calls sys.exit(3)), a desync (the
 culprit broadcasts where its peers all-reduce, or all-reduces another size), a data loader
-that never returns (the culprit sleeps in `load_next_batch`) or a checkpoint (rank 0 writes
-with torch.save while the others wait).  --culprit-unwatched: the culprit runs no reporter, as
-a rank on another node would (its daemon, not this one, sees it).  --overlap: an asynchronous
-all-reduce in flight with the gradients' (gloo then completes out of order).
+that never returns (the culprit sleeps in `load_next_batch`), a freeze (the culprit stops
+itself between collectives, or inside one) or a checkpoint (rank 0 writes with torch.save while
+the others wait).  --culprit-unwatched: the culprit runs no reporter, as a rank on another node
+would (its daemon, not this one, sees it).  --overlap: an asynchronous all-reduce in flight with
+the gradients' (gloo then completes out of order).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def parse() -> argparse.Namespace:
                         help="the culprit's data loader never returns from this step on")
     parser.add_argument("--freeze-at", type=int, default=-1,
                         help="the culprit stops itself (SIGSTOP) between collectives here")
+    parser.add_argument("--freeze-inside-at", type=int, default=-1,
+                        help="the culprit stops itself (SIGSTOP) inside an all-reduce here, "
+                             "which its peers enter once it is stopped")
     parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
     parser.add_argument("--ckpt-seconds", type=float, default=0.0)
     parser.add_argument("--overlap", type=int, default=0,
@@ -112,6 +116,31 @@ def freeze(reporter: object) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def freeze_inside(reporter: object, culprit: int, out: str) -> None:
+    """SIGSTOP this process inside an all-reduce, after its reporter wrote it in flight: the
+    peers enter it only once this process is stopped (`enter_after_stop`), so it cannot
+    complete first."""
+    dist.all_reduce(torch.zeros(64), async_op=True)
+    reporter.flush()  # type: ignore[attr-defined]
+    with open(os.path.join(out, f"frozen.{culprit}"), "w") as pid:
+        pid.write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def enter_after_stop(culprit: int, out: str) -> None:
+    """The culprit's freeze_inside: wait until its process is stopped, then all-reduce."""
+    path = os.path.join(out, f"frozen.{culprit}")
+    while True:
+        try:
+            with open(path) as pid, open(f"/proc/{pid.read()}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in "tT":
+                    break
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.05)
+    dist.all_reduce(torch.zeros(64))
+
+
 def main() -> None:
     args = parse()
     reporter = None
@@ -139,6 +168,11 @@ def main() -> None:
             load_next_batch(args.hold)
         if culprit and step == args.freeze_at:
             freeze(reporter)
+        if step == args.freeze_inside_at:
+            if culprit:
+                freeze_inside(reporter, args.rank, args.out)
+            else:
+                enter_after_stop(args.culprit, args.out)
         if step == args.desync_at:  # the same sequence number, another collective
             if culprit and args.desync_by == "op":
                 dist.broadcast(torch.zeros(64), src=args.rank)
