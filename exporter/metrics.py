@@ -7,6 +7,7 @@ docs/metrics.md, so the reference cannot drift from what is exported.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -21,6 +22,10 @@ from llmmon.counters import COUNTER_MAX
 from llmmon.textsafe import printable
 
 KINDS = ("gauge", "counter", "histogram", "info")
+# Prometheus' classic character sets: every scraper and store reads them unquoted, and the
+# exposition can skip prometheus_client's per-character escaping of names (llmmon.sampler).
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # The widest counter a kernel or a device keeps is 64-bit; anything beyond is not a count.
 # Samples that are counts (never negative, at most COUNTER_MAX), by their name's suffix.
 _COUNT_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count")}
@@ -38,6 +43,10 @@ class MetricSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"{self.name}: unknown metric kind {self.kind!r}")
+        odd = [n for n in (self.name,) if not _NAME.fullmatch(n)] + \
+            [n for n in self.labels if not _LABEL.fullmatch(n) or n.startswith("__")]
+        if odd:
+            raise ValueError(f"{self.name}: {odd} outside Prometheus' classic name characters")
         if self.kind == "counter" and not self.name.endswith("_total"):
             raise ValueError(f"{self.name}: counter names end in _total")
         if self.kind == "info" and not self.name.endswith("_info"):

@@ -130,3 +130,30 @@ def test_bodies_are_cached_per_generation(trees) -> None:
     sampler.run_once(collector)
     assert sampler.body(openmetrics=True, compressed=True) is not first
     assert sampler.body(openmetrics=True, compressed=False).endswith(b"# EOF\n")
+
+
+def test_openmetrics_fragments_are_what_the_default_escaping_writes() -> None:
+    # The render skips prometheus_client's per-character name escaping: identical bytes for
+    # a node's RDMA counters (label values with odd characters included) and the catalogue's
+    # every name and label name classic, so it stays identical
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    from llmmon.catalog import all_specs
+    from llmmon.collector import Context
+    from llmmon.collectors.rdma import RdmaCollector
+    from llmmon.metrics import Families, MetricSpec
+    from llmmon.sampler import OM_EOF, _Snapshot, render
+
+    families = Families()
+    odd = MetricSpec("llmmon_test_info", "info", "odd values", ("value",))
+    for value in ('a "quoted"\nvalue\\', "ünïcode", "{}=,"):
+        families.add(odd, (value,), 1)
+    snapshot = [*make_collector(RdmaCollector, FIXTURES / "proc", FIXTURES / "sys").collect(
+        Context()), *families]
+    assert len(snapshot) > 5
+    assert render(snapshot)[1] + OM_EOF == generate_latest(_Snapshot(snapshot))
+    with pytest.raises(ValueError, match="classic name characters"):
+        MetricSpec("llmmon_bad.name", "gauge", "x")
+    with pytest.raises(ValueError, match="classic name characters"):
+        MetricSpec("llmmon_ok", "gauge", "x", ("gpu-index",))
+    assert all_specs()
