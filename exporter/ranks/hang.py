@@ -103,7 +103,8 @@ def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: Limits) -> 
     gone = {t.state.identity.rank for t in members
             if (end := ending.end_of(t, job.processes[t.state.identity.rank])) is not None
             and end.how == "vanished"}
-    fresh = [r for r in progress if r not in frozen | gone and r not in stale] or list(progress)
+    held = frozen | gone | set(stale)
+    fresh = [r for r in progress if r not in held] or list(progress)
     frontier = min(progress[r].completed for r in fresh) + 1
     waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
     behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)
