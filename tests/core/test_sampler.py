@@ -133,9 +133,10 @@ def test_bodies_are_cached_per_generation(trees) -> None:
 
 
 def test_openmetrics_fragments_are_what_the_default_escaping_writes() -> None:
-    # The render skips prometheus_client's per-character name escaping: identical bytes for
-    # a node's RDMA counters (label values with odd characters included) and the catalogue's
-    # every name and label name classic, so it stays identical
+    # The render skips prometheus_client's per-character name escaping.  That writes the same
+    # bytes as the default for classic names (checked on a node's RDMA counters and on label
+    # values with odd characters), and MetricSpec refuses any other name, so it stays the same
+    # (every spec of the catalogue is built, and so checked, on import)
     from prometheus_client.openmetrics.exposition import generate_latest
 
     from llmmon.catalog import all_specs
