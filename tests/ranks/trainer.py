@@ -133,7 +133,7 @@ def enter_after_stop(culprit: int, out: str) -> None:
     while True:
         try:
             with open(path) as pid, open(f"/proc/{pid.read()}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] in "tT":
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("t", "T"):
                     break
         except (OSError, ValueError, IndexError):
             pass
