@@ -53,8 +53,10 @@ class Histogram:
         self.total += value
 
 
-@dataclass
+@dataclass(slots=True)
 class Enqueued:
+    """One collective a rank enqueued; slotted: a full index is 4,096 of them per rank."""
+
     created_ns: int
     coll: str
     dtype: str
