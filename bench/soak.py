@@ -272,7 +272,7 @@ def targets(result: dict) -> list[tuple[str, str, str, bool, str]]:
          PREVIOUS["scrape_p99_ms"] + " ms"),
         ("scrape p99 / idle p99", f"{ratio:.1f}x (idle {scrape_ms['idle_p99']} ms)", "<= 3x",
          ratio <= 3, PREVIOUS["p99_over_idle"]),
-        ("RSS after the hour, each process",
+        ("RSS at the end, each process",
          f"server {rss['server']} + collector {rss['collector']} = {rss['end']} MiB "
          f"(PSS {rss['pss_sum']})", "<= 80 MiB each",
          max(rss["server"], rss["collector"]) <= 80, PREVIOUS["rss_mib"] + " MiB"),
