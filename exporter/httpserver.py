@@ -193,6 +193,10 @@ class Listener:
                     await asyncio.sleep(ACCEPT_RETRY)
                     break
                 sock.setblocking(False)
+                # asyncio sets TCP_NODELAY only where the socket's proto is IPPROTO_TCP, and
+                # create_server's are 0: without it a response's body, written after its
+                # headers, waits for the client's delayed ACK (40 ms on a keep-alive connection)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._admit(make, sock, tls)
 
     def _admit(self, make: Callable[[Listener], Connection], sock: socket.socket,

@@ -6,13 +6,18 @@ import gzip
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 from pathlib import Path
+from typing import Callable
 
 import requests
+import uvicorn
 
+from llmmon import httpserver
 from tests.conftest import FIXTURES, compare_golden
+from tests.core.served import wait_for
 
 VOLATILE = re.compile(
     r"^(llmmon_exporter_collector_(?:duration_seconds|last_success_timestamp_seconds)\{.*\}) .*$",
@@ -99,3 +104,30 @@ def test_machine_without_gpus_rdma_or_ranks_is_not_a_failure(serve) -> None:
         if state["status"] == "empty":
             assert state["message"].startswith("nothing to watch")
             assert f"collector={name} found nothing to watch" in server.log()
+
+
+def test_every_accepted_connection_sends_at_once_without_waiting_for_the_clients_ack() -> None:
+    # The Listener accepts sockets itself, and asyncio sets TCP_NODELAY only on sockets whose
+    # proto is IPPROTO_TCP (socket.create_server's are 0). Without it, a keep-alive scraper's
+    # responses waited for its delayed ACK (40 ms) between their headers and their body.
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok\n"})
+
+    limits = httpserver.Limits(max_connections=4, read_timeout=10.0, idle_timeout=10.0,
+                               shutdown_grace=1.0)
+    listener = httpserver.Listener(httpserver.bind("127.0.0.1", 0, 16), limits)
+    server = httpserver.Server(uvicorn.Config(app, http="h11", lifespan="off", log_config=None),
+                               listener)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "the server to start")
+        with requests.Session() as session:
+            url = f"http://127.0.0.1:{listener.sock.getsockname()[1]}/"
+            assert session.get(url, timeout=10).text == "ok\n"
+            opened = [c.transport.get_extra_info("socket") for c in list(listener._open)]
+            assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in opened] == [1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
