@@ -25,6 +25,7 @@ What was closed is logged as one summary a minute at most, never a line per conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import socket
@@ -195,8 +196,10 @@ class Listener:
                 sock.setblocking(False)
                 # asyncio sets TCP_NODELAY only where the socket's proto is IPPROTO_TCP, and
                 # create_server's are 0: without it a response's body, written after its
-                # headers, waits for the client's delayed ACK (40 ms on a keep-alive connection)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # headers, waits for the client's delayed ACK (40 ms on a keep-alive
+                # connection). A socket that refuses it is served anyway: this loop must live.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._admit(make, sock, tls)
 
     def _admit(self, make: Callable[[Listener], Connection], sock: socket.socket,
