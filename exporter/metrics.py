@@ -43,8 +43,9 @@ class MetricSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"{self.name}: unknown metric kind {self.kind!r}")
-        forms = [(self.name, _NAME), *((label, _LABEL) for label in self.labels)]
-        odd = [n for n, form in forms if not form.fullmatch(n) or n.startswith("__")]
+        # "__" is reserved for label names only (Prometheus' own, like __name__)
+        odd = ([] if _NAME.fullmatch(self.name) else [self.name]) + \
+            [n for n in self.labels if not _LABEL.fullmatch(n) or n.startswith("__")]
         if odd:
             raise ValueError(f"{self.name}: {odd} outside Prometheus' classic name characters")
         if self.kind == "counter" and not self.name.endswith("_total"):

@@ -55,7 +55,7 @@ class Histogram:
 
 @dataclass(slots=True)
 class Enqueued:
-    """One collective a rank enqueued; slotted: a full index is 4,096 of them per rank."""
+    """One collective a rank enqueued; slotted: a full index is MAX_INDEXED_SEQS per rank."""
 
     created_ns: int
     coll: str
