@@ -1,8 +1,8 @@
 """The collector process: `llmmon serve`'s collectors, sampler and diagnoser in a child.
 
-What they parse (spool files, netlink dumps, the exposition the diagnoser reads back) holds
-this interpreter's GIL, never the one that answers scrapes: the server only copies bytes this
-process publishes (docs/design.md#processes). Started by `llmmon.relay` as
+What they parse and render (spool files, netlink dumps, the exposition) holds this
+interpreter's GIL, never the one that answers scrapes: the server only copies bytes this process
+publishes (docs/design.md#processes). Started by `llmmon.relay` as
 `python -m llmmon.collectprocess FD`; FD is one end of a socket pair on which the server sends
 the settings first, then calls; this side answers `ready` (or `error`), then snapshots and
 replies. It exits when the server says stop or goes away.

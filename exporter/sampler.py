@@ -116,6 +116,7 @@ class CollectorState:
     series: int = 0
     text: bytes = b""
     openmetrics: bytes = b""
+    digest: Any = None  # what `Sampler.digest` made of the last good run, while it is served
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -167,6 +168,10 @@ class Sampler:
                  max_staleness: float = 60.0, series_budget: int = 0,
                  restarts: int | None = None) -> None:
         self.collectors = collectors
+        # Set before start() by a reader of the exposition (llmmon.diagnose): called with each
+        # good run's families and its previous result, so that the reader takes what it needs
+        # as the run is rendered instead of parsing the rendered bytes back.
+        self.digest: Callable[[list[Metric], Any], Any] | None = None
         self.max_staleness = max_staleness
         self.series_budget = series_budget
         self.restarts = restarts  # of the collector process this sampler runs in, if any
@@ -271,11 +276,13 @@ class Sampler:
 
     def _finish(self, collector: Collector, families: list[Metric] | None, duration: float,
                 error: str | None, ctx: Context, errlog: ErrorLog | None) -> None:
-        fragments = None
+        fragments = digest = None
         if families is not None:
             try:
                 families = checked(families, ctx.error)
                 fragments = render(families)
+                if self.digest is not None:
+                    digest = self.digest(families, self.states[collector.name].digest)
             except Exception as exc:  # the run is lost, not the driver thread
                 log.debug("collector=%s render\n%s", collector.name, traceback.format_exc())
                 error = f"rendering failed: {type(exc).__name__}: {exc}"
@@ -297,6 +304,7 @@ class Sampler:
                 self._expire_locked(state)
             else:
                 state.text, state.openmetrics = fragments
+                state.digest = digest
                 state.series = sum(len(f.samples) for f in families or ())
                 state.last_success = time.time()
                 state.last_error = "; ".join(sorted(ctx.errors.values()))[:2000] or None
@@ -327,6 +335,7 @@ class Sampler:
         """Drop a failing collector's last good snapshot once older than max_staleness."""
         if state.text and (state.last_success or 0) < time.time() - self.max_staleness:
             state.text = state.openmetrics = b""
+            state.digest = None
             state.series = 0
             self._bump_locked()
 
@@ -388,6 +397,11 @@ class Sampler:
                     b"".join([s.text for s in self.states.values()] + [self._self_text]),
                     b"".join([s.openmetrics for s in self.states.values()]
                              + [self._self_openmetrics]))
+
+    def digests(self) -> list[Any]:
+        """Each served collector's digest of its last good run (see `digest`)."""
+        with self._lock:
+            return [s.digest for s in self.states.values() if s.digest is not None]
 
     def body(self, openmetrics: bool, compressed: bool) -> bytes:
         """The full exposition, cached per snapshot generation (and gzipped on demand)."""

@@ -1,8 +1,9 @@
 """The daemon side: a ring of the sampler's own snapshots and the report /api/v1/diagnose serves.
 
-Every `interval` seconds a thread parses the exposition the sampler already rendered (never a
-collector, never on the scrape path) into the window; a request evaluates the tree over the
-window, so rates cover the last `span` seconds without a second scrape.
+Every `interval` seconds a thread adds the sampler's digests of its collectors' last runs (the
+series the tree reads, taken as each run was rendered: never a collector call, never on the
+scrape path) to the window; a request evaluates the tree over the window, so rates cover the last
+`span` seconds without a second scrape.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from llmmon.diagnose.branches import TREE
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import evaluate
-from llmmon.diagnose.window import LocalView, Window
+from llmmon.diagnose.window import LocalView, Window, digest, merge
 from llmmon.sampler import Sampler
 
 log = logging.getLogger("llmmon.diagnose")
@@ -27,6 +28,7 @@ class Diagnoser:
     def __init__(self, sampler: Sampler, interval: float = 10.0, span: float = 120.0,
                  thresholds: Thresholds | None = None) -> None:
         self.sampler = sampler
+        sampler.digest = digest
         self.interval = interval
         self.window = Window(span)
         self.thresholds = thresholds or Thresholds()
@@ -35,7 +37,7 @@ class Diagnoser:
 
     def observe(self) -> None:
         """Add the sampler's current snapshot to the window."""
-        self.window.add(self.sampler.body(openmetrics=False, compressed=False).decode())
+        self.window.append(merge(self.sampler.digests()))
 
     def start(self) -> None:
         if self._thread is None:
@@ -56,7 +58,7 @@ class Diagnoser:
             try:
                 self.observe()
             except Exception:  # a bad snapshot costs one observation, not the thread
-                log.exception("diagnose: could not parse the exposition")
+                log.exception("diagnose: could not observe the collectors' snapshots")
             self._stop.wait(self.interval)
 
     def result(self) -> dict[str, Any]:

@@ -8,12 +8,16 @@ import time
 from fastapi.testclient import TestClient
 
 from llmmon.app import create_app
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
+from llmmon.daemon import build
 from llmmon.diagnose.model import SCHEMA, Report
 from llmmon.diagnose.schema import ADAPTER
 from llmmon.diagnose.thresholds import Thresholds
-from llmmon.diagnose.window import LocalView, Window
+from llmmon.diagnose.window import LocalView, Window, parse
 from tests.conftest import GOLDEN
-from tests.diagnose.node import check
+from tests.diagnose.node import check, touch_tree
 
 
 def _valid(document: dict) -> None:
@@ -41,6 +45,30 @@ def test_endpoint_serves_the_report(node) -> None:
     here = diagnoser.result()
     assert [b["verdict"] for b in here["branches"]] == \
         [b["verdict"] for b in document["branches"]]
+
+
+def test_observation_is_what_the_rendered_exposition_says(node) -> None:
+    """The daemon observes its collectors' runs as they are rendered, not by parsing its
+    exposition back: every wanted sample of the text a scrape gets is in the observation, with
+    its labels and value, and nothing else is."""
+    built = node()
+    touch_tree(built.spool)  # the fixture ranks are fresh
+    settings = build_settings(build_parser().parse_args(["serve", *built.args()]), discover())
+    daemon = build(settings)
+    try:
+        for collector in daemon.collectors:
+            daemon.sampler.run_once(collector)
+        daemon.diagnoser.observe()
+        text = daemon.sampler.body(openmetrics=False, compressed=False).decode()
+    finally:
+        for collector in daemon.collectors:
+            collector.close()
+    observed = daemon.diagnoser.window.observations()[-1].snapshot
+    parsed = parse(text)
+    assert {"llmmon_gpu_up", "llmmon_rdma_port_info", "llmmon_rank_up"} <= observed.keys()
+    assert sum(len(series) for series in parsed.values()) > 500
+    assert ({n: {k: repr(v) for k, v in s.items()} for n, s in observed.items()}
+            == {n: {k: repr(v) for k, v in s.items()} for n, s in parsed.items()})
 
 
 def test_first_request_observes_once(node) -> None:
