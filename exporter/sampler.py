@@ -47,6 +47,11 @@ WATCHED = MetricSpec(
 BUILD = MetricSpec(
     "llmmon_exporter_build_info", "info", "Version of the running llmmon exporter.",
     ("version",))
+CPU = MetricSpec(
+    "llmmon_exporter_collector_cpu_seconds_total", "counter",
+    "CPU time of the collector's runs: collecting, in its worker thread, then checking and "
+    "rendering the snapshot. Threads a collector keeps between runs (the GPU's 20 Hz power "
+    "sampler and XID watch, the ranks' PID watch) are not in it.", ("collector",))
 SERIES = MetricSpec(
     "llmmon_exporter_collector_series", "gauge",
     "Series in the collector's last snapshot: what it adds to every scrape.", ("collector",))
@@ -65,8 +70,8 @@ RESTARTS = MetricSpec(
     "llmmon_exporter_collector_process_restarts_total", "counter",
     "Times `llmmon serve` started its collector process again since it started: the process "
     "died, was killed, or grew past --sampler.max-rss-mib (the log says which).")
-SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES_TOTAL, BUDGET,
-         OVER_BUDGET, RESTARTS)
+SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, CPU, BUILD, SERIES, SERIES_TOTAL,
+         BUDGET, OVER_BUDGET, RESTARTS)
 
 OM_EOF = b"# EOF\n"
 
@@ -112,6 +117,7 @@ class CollectorState:
     last_duration: float | None = None
     last_error: str | None = None
     errors_total: int = 0
+    cpu_seconds: float = 0.0
     watched: int | None = None
     series: int = 0
     text: bytes = b""
@@ -129,6 +135,7 @@ class CollectorState:
             "last_duration_seconds": self.last_duration,
             "last_error": self.last_error,
             "errors_total": self.errors_total,
+            "cpu_seconds": self.cpu_seconds,
             "watched": self.watched,
             "series": self.series,
         }
@@ -245,16 +252,19 @@ class Sampler:
         result: dict[str, Any] = {}
 
         def job() -> None:
+            cpu = time.thread_time()
             try:
                 result["families"] = list(collector.collect(ctx))
             except Exception as exc:
                 result["error"] = f"{type(exc).__name__}: {exc}"
                 log.debug("collector=%s\n%s", collector.name, traceback.format_exc())
+            finally:
+                result["cpu"] = time.thread_time() - cpu
 
         worker.submit(job)
         if worker.done.wait(timeout):
             self._finish(collector, result.get("families"), time.monotonic() - started,
-                         result.get("error"), ctx, errlog)
+                         result.get("error"), ctx, errlog, result["cpu"])
             return True
         self._finish(collector, None, time.monotonic() - started,
                      f"timed out after {timeout:g}s (the read is still blocked)", ctx, errlog)
@@ -262,20 +272,26 @@ class Sampler:
             if self._stop.is_set():
                 return False
             self._expire(collector.name)
+        with self._lock:  # the hung run's CPU, now that it returned
+            self.states[collector.name].cpu_seconds += result["cpu"]
         return True
 
     def run_once(self, collector: Collector) -> None:
         """Run one collector synchronously (used by one-shot tools such as diagnose)."""
         ctx = Context()
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         try:
             families, error = list(collector.collect(ctx)), None
         except Exception as exc:
             families, error = None, f"{type(exc).__name__}: {exc}"
-        self._finish(collector, families, time.monotonic() - started, error, ctx, None)
+        self._finish(collector, families, time.monotonic() - started, error, ctx, None,
+                     time.thread_time() - cpu)
 
     def _finish(self, collector: Collector, families: list[Metric] | None, duration: float,
-                error: str | None, ctx: Context, errlog: ErrorLog | None) -> None:
+                error: str | None, ctx: Context, errlog: ErrorLog | None,
+                cpu: float = 0.0) -> None:
+        """Publish a run's outcome; `cpu` is what collecting took, rendering is added here."""
+        rendering = time.thread_time()
         fragments = digest = None
         if families is not None:
             try:
@@ -291,9 +307,11 @@ class Sampler:
             if wrong_roots:  # not "this node has none": the daemon looks in the wrong place
                 fragments = None
                 error = f"nothing to watch: {ctx.watched_what}; " + "; ".join(wrong_roots)
+        cpu += time.thread_time() - rendering
         with self._lock:
             state = self.states[collector.name]
             previous_status = state.status
+            state.cpu_seconds += cpu
             state.last_duration = duration
             state.errors_total += ctx.error_count
             if fragments is None:
@@ -351,6 +369,7 @@ class Sampler:
             labels = [state.name]
             families.add(SUCCESS, labels, 1 if state.status in ("ok", "empty") else 0)
             families.add(ERRORS, labels, state.errors_total)
+            families.add(CPU, labels, state.cpu_seconds)
             if state.last_duration is not None:
                 families.add(DURATION, labels, state.last_duration)
             if state.last_success is not None:

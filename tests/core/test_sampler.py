@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.collectors.disk import DiskCollector
 from llmmon.sampler import Sampler
@@ -118,6 +119,50 @@ def test_errors_are_counted_every_time_but_logged_once(
     problems = [r for r in caplog.records if "problem=diskstats:sda" in r.getMessage()]
     assert len(problems) == 2, [r.getMessage() for r in problems]  # once, then its recovery
     assert "non-numeric" in problems[0].getMessage()
+
+
+class BusyDisk(DiskCollector):
+    """The real disk collector, after spending 0.2 s of CPU."""
+
+    name = "busy"
+
+    def collect(self, ctx):  # type: ignore[no-untyped-def]
+        started = time.thread_time()
+        while time.thread_time() - started < 0.2:
+            pass
+        return super().collect(ctx)
+
+
+class SleepyDisk(DiskCollector):
+    """The real disk collector, after 0.2 s asleep (a slow read costs time, not CPU)."""
+
+    name = "sleepy"
+
+    def collect(self, ctx):  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        return super().collect(ctx)
+
+
+def test_cpu_of_each_collectors_runs_is_counted(trees) -> None:
+    """`llmmon_exporter_collector_cpu_seconds_total` is CPU time, not wall time, of every run,
+    threaded or run once: which collector costs the node its CPU."""
+    good, _ = trees
+    busy, sleepy = (make_collector(cls, good, interval=3600.0, timeout=10.0)
+                    for cls in (BusyDisk, SleepyDisk))
+    sampler = Sampler([busy, sleepy], "test")
+    sampler.start()
+    try:
+        wait_for(lambda: all(state(sampler, n)["status"] == "ok" for n in ("busy", "sleepy")))
+    finally:
+        sampler.stop()
+    sampler.run_once(busy)
+    text = sampler.body(openmetrics=False, compressed=False).decode()
+    cpu = {labels["collector"]: value for labels, value in
+           ((dict(s.labels), s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "llmmon_exporter_collector_cpu_seconds_total")}
+    assert cpu["busy"] >= 0.4 and cpu["busy"] == state(sampler, "busy")["cpu_seconds"]
+    assert state(sampler, "sleepy")["last_duration_seconds"] >= 0.2
+    assert cpu["sleepy"] < 0.1
 
 
 def test_bodies_are_cached_per_generation(trees) -> None:
