@@ -7,8 +7,9 @@ GPU collector's slow calls, the ranks collector's stale, drop and stall windows)
 simulator (ticks, Flight Recorder entries, scenario clocks) is divided by N, and
 Prometheus-style scrapes (OpenMetrics, gzip, one keep-alive connection) come every 15/N s, so
 the daemon does an hour's collections and scrapes.  Two things keep their real pace: the 20 Hz
-instant-power sampler, and the training job's steps (the hour sees 1/N of its steps).  Scenarios rotate every ten (compressed) minutes, the job dying and
-coming back with new processes on the way, so the daemon also sees series come and go.
+instant-power sampler, and the training job's steps (the hour sees 1/N of its steps).
+Scenarios rotate every ten (compressed) minutes, the job dying and coming back with new
+processes on the way, so the daemon also sees series come and go.
 
 The first `--idle-fraction` of the run is the idle reference; for the rest a second, CPU-bound
 process runs on the machine (`--no-hog` to leave it out).  node_exporter (Debian's

@@ -297,11 +297,16 @@ class Sampler:
             try:
                 families = checked(families, ctx.error)
                 fragments = render(families)
-                if self.digest is not None:
-                    digest = self.digest(families, self.states[collector.name].digest)
             except Exception as exc:  # the run is lost, not the driver thread
                 log.debug("collector=%s render\n%s", collector.name, traceback.format_exc())
                 error = f"rendering failed: {type(exc).__name__}: {exc}"
+        if fragments is not None and self.digest is not None:
+            try:
+                digest = self.digest(families, self.states[collector.name].digest)
+            except Exception as exc:  # its reader misses this run; the scrapes do not
+                log.debug("collector=%s digest\n%s", collector.name, traceback.format_exc())
+                ctx.error("digest", f"digest for /api/v1/diagnose failed: "
+                                    f"{type(exc).__name__}: {exc}")
         if fragments is not None and ctx.watched == 0:
             wrong_roots = collector.env.root_problems(collector.roots)
             if wrong_roots:  # not "this node has none": the daemon looks in the wrong place

@@ -165,6 +165,23 @@ def test_cpu_of_each_collectors_runs_is_counted(trees) -> None:
     assert cpu["sleepy"] < 0.1
 
 
+def test_a_failing_digest_costs_its_reader_the_run_not_the_scrapes(trees) -> None:
+    good, _ = trees
+    collector = make_collector(DiskCollector, good)
+    sampler = Sampler([collector], "test")
+
+    def digest(families, previous):  # type: ignore[no-untyped-def]
+        raise ValueError("no sense in it")
+
+    sampler.digest = digest
+    sampler.run_once(collector)
+    disk = state(sampler, "disk")
+    assert disk["status"] == "ok" and disk["errors_total"] == 1
+    assert "digest for /api/v1/diagnose failed: ValueError: no sense in it" in disk["last_error"]
+    assert b"llmmon_disk_reads_total" in sampler.body(openmetrics=False, compressed=False)
+    assert sampler.digests() == []
+
+
 def test_bodies_are_cached_per_generation(trees) -> None:
     good, _ = trees
     collector = make_collector(DiskCollector, good)
