@@ -45,6 +45,7 @@ FD_RESERVE = 128  # descriptors kept for collectors, NVML, netlink sockets and l
 SUMMARY_PERIOD = 60.0  # seconds between two summaries of closed connections
 ACCEPT_RETRY = 0.1  # seconds to wait after a failed accept (out of descriptors or memory)
 ACCEPT_BATCH = 64  # connections accepted per wakeup; fewer than FD_RESERVE
+TICK = 1.0  # seconds between the server loop's wakeups (uvicorn's: 0.1)
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,23 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.listener = listener
         self.after = after
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop, woken every TICK instead of ten times a second (0.2 % of a core on
+        this VM, for a Date header with a second's resolution), and at once by a stop signal."""
+        self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
+        ticks = 0
+        while not await self.on_tick(ticks):
+            ticks = (ticks + 10) % 864000  # uvicorn counts tenths: every tick renews the date
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)  # a signal handler: wake the loop
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await self.lifespan.startup()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+import pytest
 import requests
 import uvicorn
 
@@ -105,28 +108,60 @@ def test_machine_without_gpus_rdma_or_ranks_is_not_a_failure(serve) -> None:
             assert f"collector={name} found nothing to watch" in server.log()
 
 
-def test_every_accepted_connection_sends_at_once_without_waiting_for_the_clients_ack() -> None:
-    # The Listener accepts sockets itself, and asyncio sets TCP_NODELAY only on sockets whose
-    # proto is IPPROTO_TCP (socket.create_server's are 0). Without it, a keep-alive scraper's
-    # responses waited for its delayed ACK (40 ms) between their headers and their body.
-    async def app(scope: dict, receive: Callable, send: Callable) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok\n"})
+async def _ok(scope: dict, receive: Callable, send: Callable) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok\n"})
 
+
+@contextlib.contextmanager
+def _serving(stop: Callable[[httpserver.Server], None] = lambda s: setattr(s, "should_exit", True)
+             ) -> Iterator[tuple[httpserver.Server, str]]:
+    """llmmon's own server and Listener, in a thread, with a minimal ASGI app; `stop` ends it."""
     limits = httpserver.Limits(max_connections=4, read_timeout=10.0, idle_timeout=10.0,
                                shutdown_grace=1.0)
     listener = httpserver.Listener(httpserver.bind("127.0.0.1", 0, 16), limits)
-    server = httpserver.Server(uvicorn.Config(app, http="h11", lifespan="off", log_config=None),
+    server = httpserver.Server(uvicorn.Config(_ok, http="h11", lifespan="off", log_config=None),
                                listener)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         wait_for(lambda: server.started, "the server to start")
-        with requests.Session() as session:
-            url = f"http://127.0.0.1:{listener.sock.getsockname()[1]}/"
-            assert session.get(url, timeout=10).text == "ok\n"
-            opened = [c.transport.get_extra_info("socket") for c in list(listener._open)]
-            assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in opened] == [1]
+        yield server, f"http://127.0.0.1:{listener.sock.getsockname()[1]}/"
     finally:
-        server.should_exit = True
+        stop(server)
         thread.join(timeout=30)
+    assert not thread.is_alive(), "the server did not stop"
+
+
+def test_every_accepted_connection_sends_at_once_without_waiting_for_the_clients_ack() -> None:
+    # The Listener accepts sockets itself, and asyncio sets TCP_NODELAY only on sockets whose
+    # proto is IPPROTO_TCP (socket.create_server's are 0). Without it, a keep-alive scraper's
+    # responses waited for its delayed ACK (40 ms) between their headers and their body.
+    with _serving() as (server, url), requests.Session() as session:
+        assert session.get(url, timeout=10).text == "ok\n"
+        opened = [c.transport.get_extra_info("socket") for c in list(server.listener._open)]
+        assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in opened] == [1]
+
+
+def test_the_server_loop_renews_the_date_on_every_wakeup(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    # uvicorn's loop wakes ten times a second to renew a Date header of a second's resolution
+    # (0.2 % of a core here); llmmon's wakes every TICK, and each wakeup renews it.
+    monkeypatch.setattr(httpserver, "TICK", 0.05)
+    ticks: list[int] = []
+    with _serving() as (server, _):
+        on_tick = server.on_tick
+
+        async def counted(counter: int) -> bool:
+            ticks.append(counter)
+            return await on_tick(counter)
+
+        server.on_tick = counted  # type: ignore[method-assign]
+        wait_for(lambda: len(ticks) >= 3, "three wakeups")
+    assert all(counter % 10 == 0 for counter in ticks), ticks
+
+
+def test_a_stop_signal_wakes_the_server_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(httpserver, "TICK", 3600.0)  # only the signal can end its wait
+    with _serving(lambda server: server.handle_exit(signal.SIGTERM, None)):
+        pass
