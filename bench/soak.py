@@ -26,7 +26,7 @@ the 20 Hz sampler's own 0.38 % from bench/gpu_collector.py, since it ran only fo
 time).  The other threads that keep their real pace (the XID and PID watches, the diagnoser,
 the web server's own clock) are undercounted so: `--compression 1` measures them.  Each
 collector's share of a core, per uncompressed hour, is what its runs took
-(llmmon_exporter_collector_cpu_seconds_total, CPU time, not wall time); the collector process'
+(/api/v1/collectors' `cpu_seconds`, CPU time, not wall time); the collector process'
 CPU outside its runs is reported as measured.  RSS growth is judged over the last 30 simulated
 minutes (`--hours 2` shows whether a rise in the first hour levels off).
 `--compression 20` takes three minutes.
@@ -113,6 +113,17 @@ def collector_process_cpu(pid: int) -> float:
     return daemon_cpu(pid) - cpu_seconds(pid)
 
 
+def runs_cpu(port: int) -> dict[str, float]:
+    """Each collector's runs' CPU seconds so far (/api/v1/collectors' `cpu_seconds`)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/api/v1/collectors")
+        answer = json.loads(conn.getresponse().read())
+        return {c["name"]: c["cpu_seconds"] for c in answer["collectors"]}
+    finally:
+        conn.close()
+
+
 def daemon_rss(pid: int) -> dict[str, float]:
     """RSS of each part of `llmmon serve` and their sum, MiB."""
     parts = {name: rss_mib(part)[0] for name, part in daemon_parts(pid).items()}
@@ -121,15 +132,12 @@ def daemon_rss(pid: int) -> dict[str, float]:
 
 DURATION = re.compile(r'^llmmon_exporter_collector_duration_seconds\{collector="([a-z_]+)"\} '
                       r'([0-9.e+-]+)$', re.MULTILINE)
-RUNS_CPU = re.compile(r'^llmmon_exporter_collector_cpu_seconds_total\{collector="([a-z_]+)"\} '
-                      r'([0-9.e+-]+)$', re.MULTILINE)
 
 
-def scrape(conn: http.client.HTTPConnection, durations: dict[str, list[float]] | None = None,
-           runs_cpu: dict[str, list[float]] | None = None) -> tuple[float, int]:
+def scrape(conn: http.client.HTTPConnection, durations: dict[str, list[float]] | None = None
+           ) -> tuple[float, int]:
     """One Prometheus-style scrape: milliseconds and the number of series; each collector's
-    last run duration is appended to `durations`, its runs' CPU seconds so far to
-    `runs_cpu`."""
+    last run duration is appended to `durations`."""
     started = time.perf_counter()
     conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
     response = conn.getresponse()
@@ -142,8 +150,6 @@ def scrape(conn: http.client.HTTPConnection, durations: dict[str, list[float]] |
     text = body.decode()
     for name, seconds in DURATION.findall(text) if durations is not None else ():
         durations.setdefault(name, []).append(float(seconds))
-    for name, seconds in RUNS_CPU.findall(text) if runs_cpu is not None else ():
-        runs_cpu.setdefault(name, []).append(float(seconds))
     return elapsed, sum(1 for line in text.splitlines() if line and line[0] != "#")
 
 
@@ -192,10 +198,10 @@ def soak(work: Path, hours: float, compression: float, samples: int,
     measure = {"llmmon": daemon_cpu, "node_exporter": cpu_seconds}
     cpu_start = {name: measure[name](pid) for name, pid in pids.items()}
     collector_start = collector_process_cpu(exporter.process.pid)
+    runs_start = runs_cpu(exporter.port)
     last_cpu, last_time = cpu_start["llmmon"], started
     idle, loaded, series, curve = [], [], [], []
     durations: dict[str, list[float]] = {}
-    runs_cpu: dict[str, list[float]] = {}
     try:
         while (now := time.monotonic()) < started + wall:
             if hog and hog_proc is None and now >= loaded_at:
@@ -210,7 +216,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
                 simulation.step(time.time())
                 next_tick += tick
             if now >= next_scrape:
-                elapsed, count = scrape(conn, durations, runs_cpu)
+                elapsed, count = scrape(conn, durations)
                 (idle if now < loaded_at else loaded).append(elapsed)
                 series.append(count)
                 if peer_conn is not None:
@@ -233,6 +239,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
         elapsed_wall = time.monotonic() - started
         cpu_used = {name: measure[name](pid) - cpu_start[name] for name, pid in pids.items()}
         collector_used = collector_process_cpu(exporter.process.pid) - collector_start
+        runs_end = runs_cpu(exporter.port)
         rss = daemon_rss(exporter.process.pid)
         pss = sum(pss_mib(part) for part in daemon_parts(exporter.process.pid).values())
         peak = max(point["rss_mib"] for point in curve)
@@ -247,9 +254,9 @@ def soak(work: Path, hours: float, compression: float, samples: int,
         simulation.close()
     last = [p["rss_mib"] for p in curve if p["hour"] >= hours - 0.5]  # the last 30 minutes
     simulated = hours * HOUR
-    # A counter that went down belongs to a restarted collector process: count from zero.
-    runs_used = {name: values[-1] - values[0] if values[-1] >= values[0] else values[-1]
-                 for name, values in runs_cpu.items()}
+    # A count that went down belongs to a restarted collector process: count from zero.
+    runs_used = {name: end - runs_start.get(name, 0.0) if end >= runs_start.get(name, 0.0)
+                 else end for name, end in runs_end.items()}
     cpu = {name: {"measured_percent": round(100 * used / elapsed_wall, 2),
                   "per_hour_percent": round(100 * used / simulated + (
                       SAMPLER_PERCENT * (1 - wall / simulated) if name == "llmmon" else 0), 2)}

@@ -63,8 +63,7 @@ MODULES = ("nvidia", "nvidia_peermem", "nv_peer_mem")
 # run times, ages and clock readings, and the 20 Hz instant-power window (a snapshot holds
 # one instant reading).  XID counts are events, not state: a snapshot cannot hold them.
 VOLATILE = (
-    r"llmmon_exporter_collector_(duration_seconds|cpu_seconds_total|"
-    r"last_success_timestamp_seconds)\{",
+    r"llmmon_exporter_collector_(duration_seconds|last_success_timestamp_seconds)\{",
     r"llmmon_gpu_power_instant_(watts|min_watts|min_ratio|mean_watts|max_watts|samples_total)\{",
     r"llmmon_gpu_power_(dips|low_seconds)_total\{",
     r"llmmon_rank_report_age_seconds\{",

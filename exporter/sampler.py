@@ -47,11 +47,6 @@ WATCHED = MetricSpec(
 BUILD = MetricSpec(
     "llmmon_exporter_build_info", "info", "Version of the running llmmon exporter.",
     ("version",))
-CPU = MetricSpec(
-    "llmmon_exporter_collector_cpu_seconds_total", "counter",
-    "CPU time of the collector's runs: collecting, in its worker thread, then checking and "
-    "rendering the snapshot. Threads a collector keeps between runs (the GPU's 20 Hz power "
-    "sampler and XID watch, the ranks' PID watch) are not in it.", ("collector",))
 SERIES = MetricSpec(
     "llmmon_exporter_collector_series", "gauge",
     "Series in the collector's last snapshot: what it adds to every scrape.", ("collector",))
@@ -70,8 +65,8 @@ RESTARTS = MetricSpec(
     "llmmon_exporter_collector_process_restarts_total", "counter",
     "Times `llmmon serve` started its collector process again since it started: the process "
     "died, was killed, or grew past --sampler.max-rss-mib (the log says which).")
-SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, CPU, BUILD, SERIES, SERIES_TOTAL,
-         BUDGET, OVER_BUDGET, RESTARTS)
+SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES_TOTAL, BUDGET,
+         OVER_BUDGET, RESTARTS)
 
 OM_EOF = b"# EOF\n"
 
@@ -117,6 +112,10 @@ class CollectorState:
     last_duration: float | None = None
     last_error: str | None = None
     errors_total: int = 0
+    # CPU time (not wall time) of its runs: collecting, in its worker thread, then checking and
+    # rendering; threads it keeps between runs (20 Hz power, XID and PID watches) are not in it.
+    # Served by /api/v1/collectors, not as a series: the fat node's budget has no room for one
+    # per collector.
     cpu_seconds: float = 0.0
     watched: int | None = None
     series: int = 0
@@ -374,7 +373,6 @@ class Sampler:
             labels = [state.name]
             families.add(SUCCESS, labels, 1 if state.status in ("ok", "empty") else 0)
             families.add(ERRORS, labels, state.errors_total)
-            families.add(CPU, labels, state.cpu_seconds)
             if state.last_duration is not None:
                 families.add(DURATION, labels, state.last_duration)
             if state.last_success is not None:
