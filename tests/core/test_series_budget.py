@@ -107,7 +107,21 @@ def test_the_budget_node_fits_the_default_budget_with_room_for_its_reporters(
             return names.count("llmmon_gpu_energy_joules_total") == 8 and \
                 names.count("llmmon_nccl_collective_duration_seconds_count") >= 8
 
-        while not complete(samples := consistent_scrape(SimpleNamespace(url=url))[0]):
+        def ranks_run(samples: dict) -> float:
+            return next(value for (name, labels), value in samples.items()
+                        if name == "llmmon_exporter_collector_last_success_timestamp_seconds"
+                        and dict(labels)["collector"] == "ranks")
+
+        # Complete, and the same count after a later ranks run: the first runs see the job's
+        # groups and collectives appear (a scrape of 1,624 series passed `complete` alone).
+        steady = None
+        while True:
+            samples = consistent_scrape(SimpleNamespace(url=url))[0]
+            now = (ranks_run(samples), samples[("llmmon_exporter_series", ())])
+            if complete(samples) and steady and now[0] > steady[0] and now[1] == steady[1]:
+                break
+            if complete(samples) and (steady is None or now[0] > steady[0]):
+                steady = now
             assert time.monotonic() < deadline, "the node never showed every series"
             time.sleep(0.5)
     finally:
