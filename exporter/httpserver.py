@@ -305,7 +305,7 @@ class Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
-        if self._loop is not None and self._wake is not None:
+        if self._loop is not None and self._wake is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)  # a signal handler: wake the loop
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
