@@ -196,13 +196,13 @@ def soak(work: Path, hours: float, compression: float, samples: int,
     segment = 0
     pids = {"llmmon": exporter.process.pid, **({"node_exporter": peer[0].pid} if peer else {})}
     measure = {"llmmon": daemon_cpu, "node_exporter": cpu_seconds}
-    cpu_start = {name: measure[name](pid) for name, pid in pids.items()}
-    collector_start = collector_process_cpu(exporter.process.pid)
-    runs_start = runs_cpu(exporter.port)
-    last_cpu, last_time = cpu_start["llmmon"], started
     idle, loaded, series, curve = [], [], [], []
     durations: dict[str, list[float]] = {}
-    try:
+    try:  # whatever fails from here on, the daemons are stopped
+        cpu_start = {name: measure[name](pid) for name, pid in pids.items()}
+        collector_start = collector_process_cpu(exporter.process.pid)
+        runs_start = runs_cpu(exporter.port)
+        last_cpu, last_time = cpu_start["llmmon"], started
         while (now := time.monotonic()) < started + wall:
             if hog and hog_proc is None and now >= loaded_at:
                 hog_proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
