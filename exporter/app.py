@@ -1,7 +1,8 @@
 """The HTTP face of the daemon: pre-rendered /metrics, health, a landing page and JSON APIs.
 
-/metrics hands out bytes the sampler rendered when a snapshot changed; nothing here touches
-hardware or renders metric families.
+/metrics hands out bytes the sampler rendered when a snapshot changed (in a format nobody
+scraped lately, after it asked for them); nothing here touches hardware or renders metric
+families.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import html
 from typing import Any, Callable, Protocol
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from llmmon import __version__
@@ -30,7 +32,9 @@ def wants_openmetrics(accept: str) -> bool:
 class Exposition(Protocol):
     """What the app serves from: the sampler itself, or the relay of a collector process."""
 
-    def body(self, openmetrics: bool, compressed: bool) -> bytes: ...
+    def body(self, openmetrics: bool, compressed: bool) -> bytes | None: ...
+
+    def wait_body(self, openmetrics: bool, compressed: bool) -> bytes | None: ...
 
     def snapshot_json(self) -> list[dict[str, Any]]: ...
 
@@ -45,7 +49,15 @@ def create_app(sampler: Exposition, routes: Routes,
         openmetrics = wants_openmetrics(request.headers.get("accept", ""))
         gzipped = "gzip" in request.headers.get("accept-encoding", "")
         headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
-        return Response(sampler.body(openmetrics, gzipped), headers=headers,
+        body = sampler.body(openmetrics, gzipped)
+        if body is None:  # a format nobody scraped lately: rendered now, off the event loop
+            body = await run_in_threadpool(sampler.wait_body, openmetrics, gzipped)
+        if body is None:
+            return PlainTextResponse(
+                "the collector process has not rendered this exposition format yet (it is not "
+                "answering: see the exporter log); retry\n", status_code=503,
+                headers={"Retry-After": "5"})
+        return Response(body, headers=headers,
                         media_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
 
     @app.get("/healthz", response_class=PlainTextResponse)

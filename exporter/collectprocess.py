@@ -4,8 +4,9 @@ What they parse and render (spool files, netlink dumps, the exposition) holds th
 interpreter's GIL, never the one that answers scrapes: the server only copies bytes this process
 publishes (docs/design.md#processes). Started by `llmmon.relay` as
 `python -m llmmon.collectprocess FD`; FD is one end of a socket pair on which the server sends
-the settings first, then calls; this side answers `ready` (or `error`), then snapshots and
-replies. It exits when the server says stop or goes away.
+the settings first, then calls and the exposition formats scraped lately; this side answers
+`ready` (or `error`), then snapshots (a format not rendered is None) and replies. It exits
+when the server says stop or goes away.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def main(fd: int) -> int:
             message = conn.recv()
             if message[0] == "stop":
                 break
+            if message[0] == "formats":  # the formats scraped lately (llmmon.relay)
+                daemon.sampler.set_formats(frozenset(message[1]))
+                continue
             threading.Thread(target=_answer, args=(routes, send, *message[1:]),
                              name="call", daemon=True).start()
     except (EOFError, OSError):

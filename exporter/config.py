@@ -53,6 +53,11 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("sampler.max_staleness", "duration", "60s",
            "How long a failing or hung collector's last good snapshot is still served.",
            minimum="1s", maximum="24h"),
+    Option("sampler.format_idle", "duration", "5m",
+           "How long an exposition format (text or OpenMetrics) is still rendered after the "
+           "last scrape that asked for it. A node scraped in one format renders only that "
+           "one, half the rendering CPU; the first scrape in another format waits for it to "
+           "be rendered (tens of milliseconds on a fat node).", minimum="1s", maximum="24h"),
     Option("sampler.series_budget", "int", 2000,
            "Series this node may expose (docs/capacity.md: 2,000 for 8 GPUs, 8 RDMA ports, 16 "
            "disks and 8 ranks at the default flags). Above it "

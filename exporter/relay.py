@@ -5,6 +5,8 @@ shares the GIL of the event loop answering scrapes. The relay serves the child's
 snapshot (a dead child's for `--sampler.max-staleness`, then `..._success 0` for each
 collector), forwards /api/v1 calls to it, kills it when its RSS passes
 `--sampler.max-rss-mib`, and starts it again after it died, backing off while it keeps dying.
+It tells the child which exposition formats were scraped within `--sampler.format-idle`, so
+that the child renders only those; the first scrape of another format waits for its render.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Callable
 from llmmon.config import ConfigError, Settings
 from llmmon.metrics import Families
 from llmmon.routes import RouteError, Routes
-from llmmon.sampler import OM_EOF, RESTARTS, SUCCESS, finish, render
+from llmmon.sampler import FORMATS, OM_EOF, OPENMETRICS, RESTARTS, SUCCESS, TEXT, finish, render
 
 log = logging.getLogger("llmmon.relay")
 CALL_TIMEOUT = 10.0  # seconds an /api/v1 call waits for the collector process
@@ -32,6 +34,7 @@ WATCH_PERIOD = 2.0  # seconds between two RSS checks of the collector process
 BACKOFF = (1.0, 30.0)  # first and longest wait before starting a dead collector process again
 STEADY = 60.0  # a process that lived this long resets the backoff
 STOP_GRACE = 5.0  # seconds the collector process has to stop before it is killed
+FORMAT_WAIT = 5.0  # seconds a scrape of a format not rendered waits for it (half Prometheus')
 # glibc gives each thread that allocates its own arena (up to 8 per core); a dozen collector
 # threads then keep fragmented arenas resident. Two hold the RSS flat (the environment wins).
 MALLOC_ARENAS = "2"
@@ -47,6 +50,10 @@ class Relay:
         self._conn: Connection | None = None
         self._collectors: list[str] = []
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # a snapshot, or the process went down
+        self.format_idle = settings["sampler.format_idle"]
+        self._asked = dict.fromkeys(FORMATS, time.monotonic())  # when each format was scraped
+        self._told = FORMATS  # what the child renders (it starts with both)
         self._send_lock = threading.Lock()  # API threads and stop() share the connection
         self._snapshot: tuple[bytes, bytes] | None = None  # text, OpenMetrics without # EOF
         self._states: list[dict[str, Any]] = []
@@ -101,6 +108,8 @@ class Relay:
             pass_fds=[theirs.fileno()], env=env)
         theirs.close()
         self._conn = conn = Connection(ours.detach())
+        with self._lock:
+            self._told = FORMATS
         conn.send((self.settings, self.restarts))
         try:
             return conn.recv()
@@ -143,6 +152,7 @@ class Relay:
             if time.monotonic() < check_at:
                 continue
             check_at = time.monotonic() + WATCH_PERIOD
+            self._tell()
             rss = _rss(process.pid)
             if rss > self.max_rss:
                 process.kill()
@@ -157,6 +167,7 @@ class Relay:
                 self._states = message[3]
                 self._down_since = None
                 self._generation += 1
+                self._arrived.notify_all()
         elif message[0] == "reply":
             call = self._calls.get(message[1])
             if call is not None:
@@ -168,6 +179,7 @@ class Relay:
         with self._lock:
             self._down_since = time.monotonic()
             self._generation += 1
+            self._arrived.notify_all()
         for event, answer in list(self._calls.values()):
             answer.extend((503, "the collector process died while answering"))
             event.set()
@@ -178,7 +190,22 @@ class Relay:
             self._conn = None
 
     # serving -------------------------------------------------------------------------
-    def _current(self) -> tuple[bytes, bytes]:
+    def _tell(self) -> None:
+        """Tell the child the formats scraped within --sampler.format-idle, if they changed."""
+        now = time.monotonic()
+        with self._lock:
+            wanted = frozenset(fmt for fmt, at in self._asked.items()
+                               if now - at < self.format_idle)
+            conn = self._conn
+            if wanted == self._told or conn is None:
+                return
+            self._told = wanted
+        try:
+            self._send(conn, ("formats", sorted(wanted)))
+        except OSError:  # it died; the next one starts with both
+            pass
+
+    def _current(self) -> tuple[bytes | None, bytes | None]:
         """The snapshot to serve: the last published, or once the process has been down for
         --sampler.max-staleness, each collector failed (LLMMonCollectorFailing fires)."""
         with self._lock:
@@ -193,20 +220,43 @@ class Relay:
         families.add(RESTARTS, [], self.restarts)
         return render(families)
 
-    def body(self, openmetrics: bool, compressed: bool) -> bytes:
-        """The exposition as served, cached per published snapshot (gzipped on demand)."""
+    def body(self, openmetrics: bool, compressed: bool) -> bytes | None:
+        """The exposition as served, cached per published snapshot (gzipped on demand); None
+        while the child does not render that format (it is told to: see wait_body)."""
         key = (openmetrics, compressed)
+        fmt = OPENMETRICS if openmetrics else TEXT
         with self._lock:
+            self._asked[fmt] = time.monotonic()
+            told = fmt in self._told
             generation = self._generation
             cached = self._bodies.get(key)
+        if not told:
+            self._tell()
         stale = self._down_since is not None
         if cached is not None and cached[0] == generation and not stale:
             return cached[1]
         text, om = self._current()
-        data = finish(om + OM_EOF if openmetrics else text, compressed)
+        fragment = om if openmetrics else text
+        if fragment is None:
+            return None
+        data = finish(fragment + OM_EOF if openmetrics else fragment, compressed)
         with self._lock:
             self._bodies[key] = (generation, data)
         return data
+
+    def wait_body(self, openmetrics: bool, compressed: bool) -> bytes | None:
+        """body(), waiting up to FORMAT_WAIT for the child to render a format it had not
+        (from its collectors' last runs: tens of milliseconds); None if it did not."""
+        deadline = time.monotonic() + FORMAT_WAIT
+        while True:
+            with self._lock:
+                generation = self._generation
+            data = self.body(openmetrics, compressed)
+            remaining = deadline - time.monotonic()
+            if data is not None or remaining <= 0:
+                return data
+            with self._arrived:
+                self._arrived.wait_for(lambda: self._generation != generation, remaining)
 
     def snapshot_json(self) -> list[dict[str, Any]]:
         with self._lock:

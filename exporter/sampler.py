@@ -5,6 +5,11 @@ run at a time and waits at most the collector's timeout; a run that hangs (a wed
 call, a stuck NFS read) marks the collector failed while the worker stays blocked, and no new
 run is started until it returns.  Scrapes only concatenate bytes rendered here: they never
 wait on hardware and never render.
+
+Each run is rendered in the formats that are scraped (`set_formats`; both until told): a node
+scraped by Prometheus alone is rendered in OpenMetrics only, which halves the rendering that is
+most of a collector run's CPU.  A format asked for again is rendered from each collector's last
+good run at once, without waiting for the next runs.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES
          OVER_BUDGET, RESTARTS)
 
 OM_EOF = b"# EOF\n"
+TEXT, OPENMETRICS = "text", "openmetrics"
+FORMATS = frozenset((TEXT, OPENMETRICS))
 
 
 class _Snapshot:
@@ -81,16 +88,22 @@ class _Snapshot:
         return self._families
 
 
-def render(families: Iterable[Metric]) -> tuple[bytes, bytes]:
-    """Text and OpenMetrics fragments of `families` (OpenMetrics without its # EOF)."""
+def render_format(families: Iterable[Metric], fmt: str) -> bytes:
+    """The `fmt` (TEXT or OPENMETRICS) fragment of `families`, OpenMetrics without its # EOF."""
     snapshot = _Snapshot(families)
+    if fmt == TEXT:
+        return render_text(snapshot)
     # Names are classic (MetricSpec checks), which every escaping mode writes alike; the
     # default mode still tests each label name character by character (a third of the
     # OpenMetrics render of a node's RDMA counters), this one only escapes what must be.
     openmetrics = render_openmetrics(snapshot, escaping=ALLOWUTF8)
-    if openmetrics.endswith(OM_EOF):
-        openmetrics = openmetrics[: -len(OM_EOF)]
-    return render_text(snapshot), openmetrics
+    return openmetrics[: -len(OM_EOF)] if openmetrics.endswith(OM_EOF) else openmetrics
+
+
+def render(families: Iterable[Metric]) -> tuple[bytes, bytes]:
+    """Text and OpenMetrics fragments of `families` (OpenMetrics without its # EOF)."""
+    families = list(families)
+    return render_format(families, TEXT), render_format(families, OPENMETRICS)
 
 
 def finish(data: bytes, compressed: bool) -> bytes:
@@ -119,8 +132,11 @@ class CollectorState:
     cpu_seconds: float = 0.0
     watched: int | None = None
     series: int = 0
-    text: bytes = b""
-    openmetrics: bytes = b""
+    # The last good run while it is served (None: nothing to serve), and its fragments; a
+    # fragment is None while its format is not rendered (see Sampler.set_formats).
+    families: list[Metric] | None = None
+    text: bytes | None = b""
+    openmetrics: bytes | None = b""
     digest: Any = None  # what `Sampler.digest` made of the last good run, while it is served
 
     def as_json(self) -> dict[str, Any]:
@@ -137,6 +153,8 @@ class CollectorState:
             "cpu_seconds": self.cpu_seconds,
             "watched": self.watched,
             "series": self.series,
+            "formats": [fmt for fmt in (TEXT, OPENMETRICS)
+                        if self.families is not None and getattr(self, fmt) is not None],
         }
 
 
@@ -191,6 +209,7 @@ class Sampler:
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._generation = 0
+        self._formats = FORMATS
         self._bodies: dict[tuple[str, bool], tuple[int, bytes]] = {}
         self._threads: list[threading.Thread] = []
         self._self_text = b""
@@ -291,11 +310,13 @@ class Sampler:
                 cpu: float = 0.0) -> None:
         """Publish a run's outcome; `cpu` is what collecting took, rendering is added here."""
         rendering = time.thread_time()
-        fragments = digest = None
+        fragments: dict[str, bytes] | None = None
+        digest = None
         if families is not None:
+            formats = self._formats
             try:
                 families = checked(families, ctx.error)
-                fragments = render(families)
+                fragments = {fmt: render_format(families, fmt) for fmt in formats}
             except Exception as exc:  # the run is lost, not the driver thread
                 log.debug("collector=%s render\n%s", collector.name, traceback.format_exc())
                 error = f"rendering failed: {type(exc).__name__}: {exc}"
@@ -325,7 +346,10 @@ class Sampler:
                 state.errors_total += 1
                 self._expire_locked(state)
             else:
-                state.text, state.openmetrics = fragments
+                state.families = families
+                # a format asked for while this run rendered is filled in by exposition()
+                for fmt in FORMATS:
+                    setattr(state, fmt, fragments.get(fmt) if fmt in self._formats else None)
                 state.digest = digest
                 state.series = sum(len(f.samples) for f in families or ())
                 state.last_success = time.time()
@@ -355,7 +379,9 @@ class Sampler:
 
     def _expire_locked(self, state: CollectorState) -> None:
         """Drop a failing collector's last good snapshot once older than max_staleness."""
-        if state.text and (state.last_success or 0) < time.time() - self.max_staleness:
+        stale = (state.last_success or 0) < time.time() - self.max_staleness
+        if state.families is not None and stale:
+            state.families = None
             state.text = state.openmetrics = b""
             state.digest = None
             state.series = 0
@@ -412,13 +438,49 @@ class Sampler:
             self._changed.wait_for(lambda: self._generation != generation, timeout)
             return self._generation
 
-    def exposition(self) -> tuple[int, bytes, bytes]:
-        """Generation, text and OpenMetrics (without its # EOF) of the whole exposition."""
+    def set_formats(self, formats: frozenset[str]) -> None:
+        """Render runs in these formats from now on (the ones scraped); a format dropped is
+        forgotten, one added is rendered from each collector's last good run by the next
+        exposition()."""
         with self._lock:
-            return (self._generation,
-                    b"".join([s.text for s in self.states.values()] + [self._self_text]),
-                    b"".join([s.openmetrics for s in self.states.values()]
-                             + [self._self_openmetrics]))
+            if formats == self._formats:
+                return
+            for fmt in self._formats - formats:
+                for state in self.states.values():
+                    if state.families is not None:
+                        setattr(state, fmt, None)
+            self._formats = frozenset(formats)
+            self._bump_locked()
+
+    def _fill(self) -> None:
+        """Render the wanted fragments a collector's last good run lacks (a format asked for
+        after the run was rendered)."""
+        with self._lock:
+            missing = [(state, state.families, fmt) for state in self.states.values()
+                       for fmt in self._formats
+                       if state.families is not None and getattr(state, fmt) is None]
+        for state, families, fmt in missing:
+            try:
+                fragment = render_format(families, fmt)
+            except Exception:  # the run rendered in the other format: never expected
+                log.exception("collector=%s: rendering %s failed; left out of it", state.name,
+                              fmt)
+                fragment = b""
+            with self._lock:
+                if state.families is families and fmt in self._formats:
+                    setattr(state, fmt, fragment)
+
+    def exposition(self) -> tuple[int, bytes | None, bytes | None]:
+        """Generation, text and OpenMetrics (without its # EOF) of the whole exposition; a
+        format not rendered (see set_formats) is None."""
+        self._fill()
+        with self._lock:
+            joined = []
+            for fmt, own in ((TEXT, self._self_text), (OPENMETRICS, self._self_openmetrics)):
+                parts = [getattr(s, fmt) for s in self.states.values()]
+                joined.append(b"".join(parts + [own]) if fmt in self._formats
+                              and None not in parts else None)
+            return self._generation, joined[0], joined[1]
 
     def digests(self) -> list[Any]:
         """Each served collector's digest of its last good run (see `digest`)."""
@@ -433,10 +495,14 @@ class Sampler:
             if cached and cached[0] == self._generation:
                 return cached[1]
         generation, text, om = self.exposition()
+        if text is None or om is None:  # set_formats is the collector process' (the relay's)
+            raise RuntimeError("an in-process sampler renders both formats")
         data = finish(om + OM_EOF if openmetrics else text, compressed)
         with self._lock:
             self._bodies[key] = (generation, data)
         return data
+
+    wait_body = body  # both formats are always rendered here
 
     def snapshot_json(self) -> list[dict[str, Any]]:
         with self._lock:

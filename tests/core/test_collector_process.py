@@ -142,3 +142,48 @@ def test_the_collector_process_stops_with_the_server(serve):
     killed.proc.wait(30)
     wait_until(lambda: not alive(child), "the collector process gone after the server's SIGKILL")
     assert "the server went away" in killed.wait_log("went away")
+
+
+PROMETHEUS_ACCEPT = {"Accept": "application/openmetrics-text;version=1.0.0,"
+                               "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"}
+
+
+def rendered(url: str) -> dict[str, list[str]]:
+    states = requests.get(url + "/api/v1/collectors", timeout=10).json()["collectors"]
+    return {s["name"]: s["formats"] for s in states}
+
+
+def test_a_format_nobody_scrapes_is_no_longer_rendered_until_asked_for(serve):
+    """Scraped by Prometheus alone (OpenMetrics), the collector process stops rendering text
+    after --sampler.format-idle; a text scrape then gets the whole text exposition at once and
+    text is rendered again from then on."""
+    server = serve(*DISK_ONLY, "--sampler.format-idle=1s")
+    server.wait_collected()
+
+    def openmetrics_only() -> bool:
+        scrape = requests.get(server.url + "/metrics", headers=PROMETHEUS_ACCEPT, timeout=10)
+        assert scrape.status_code == 200 and scrape.text.endswith("# EOF\n")
+        return rendered(server.url) == {"disk": ["openmetrics"]}
+
+    wait_until(openmetrics_only, "the text format dropped after 1s without a text scrape")
+    text = requests.get(server.url + "/metrics", headers={"Accept": "text/plain"}, timeout=10)
+    assert text.status_code == 200
+    assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert DISK_OK in text.text and "llmmon_disk_reads_total{" in text.text
+    assert "# EOF" not in text.text
+    assert rendered(server.url) == {"disk": ["text", "openmetrics"]}
+    # A frozen collector process cannot render it: the scrape is refused, not hung
+    wait_until(openmetrics_only, "the text format dropped again")
+    child = collector_process(server.proc.pid)
+    os.kill(child, signal.SIGSTOP)
+    try:
+        refused = requests.get(server.url + "/metrics", headers={"Accept": "text/plain"},
+                               timeout=30)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+        assert "has not rendered this exposition format" in refused.text
+        assert requests.get(server.url + "/metrics", headers=PROMETHEUS_ACCEPT,
+                            timeout=10).status_code == 200
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert requests.get(server.url + "/metrics", headers={"Accept": "text/plain"},
+                        timeout=30).status_code == 200

@@ -190,6 +190,33 @@ def test_bodies_are_cached_per_generation(trees) -> None:
     assert sampler.body(openmetrics=True, compressed=False).endswith(b"# EOF\n")
 
 
+def test_only_the_formats_asked_for_are_rendered_and_one_asked_again_is_filled_in(trees) -> None:
+    """set_formats: a run renders only the formats scraped; a format dropped is None in the
+    exposition, and one asked for again is rendered from the last good run (byte for byte what
+    prometheus_client writes for it), without another run."""
+    from prometheus_client.exposition import generate_latest
+
+    from llmmon.sampler import OPENMETRICS, TEXT, _Snapshot
+
+    good, _ = trees
+    collector = make_collector(DiskCollector, good)
+    sampler = Sampler([collector], "test")
+    sampler.set_formats(frozenset({OPENMETRICS}))
+    sampler.run_once(collector)
+    assert state(sampler, "disk")["formats"] == [OPENMETRICS]
+    _, text, openmetrics = sampler.exposition()
+    assert text is None and openmetrics is not None and b"llmmon_disk_reads_total" in openmetrics
+    families = sampler.states["disk"].families
+    sampler.set_formats(frozenset({TEXT, OPENMETRICS}))
+    _, text, again = sampler.exposition()
+    assert again == openmetrics
+    assert text is not None and text.startswith(generate_latest(_Snapshot(families)))
+    assert state(sampler, "disk")["formats"] == [TEXT, OPENMETRICS]
+    sampler.set_formats(frozenset())
+    assert sampler.exposition()[1:] == (None, None)
+    assert state(sampler, "disk")["formats"] == []
+
+
 def test_openmetrics_fragments_are_what_the_default_escaping_writes() -> None:
     # The render skips prometheus_client's per-character name escaping.  That writes the same
     # bytes as the default for classic names (checked on a node's RDMA counters and on label
