@@ -148,6 +148,14 @@ def test_rate_functions_use_rate_interval(targets) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_a_window_over_the_whole_range_is_taken_once(targets) -> None:
+    """`[$__range]` in a range query is the dashboard's whole range at every step: thousands of
+    points a step per series. Pinned with `@ end()` it is evaluated once, at the range's end."""
+    problems = [f"{t.name}: {t.expr}" for t in targets
+                if re.search(r"\[\$__range\](?!\s*@\s*end\(\))", t.expr)]
+    assert not problems, "\n".join(problems)
+
+
 def test_counters_and_histograms_go_through_rate(targets) -> None:
     functions = ("rate(", "irate(", "increase(")
     problems = [f"{t.name}: {match.group(0)} used raw" for t in targets
