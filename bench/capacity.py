@@ -5,7 +5,9 @@ one store at a time so that their memory does not add up on one machine:
 
 - Prometheus (the shipped rules, 15 s scrape and evaluation, as deploy/prometheus/), then
 - VictoriaMetrics single-node, fed by vmagent (15 s scrape, remote write), with vmalert
-  evaluating the same rules against it (every 15 s, results written back),
+  evaluating the same rules against it (every 15 s, results written back through the
+  remote-write queue that deploy/victoriametrics/compose.yaml configures; what it wrote,
+  refused and dropped, and the rules failing at the end, are reported),
 
 waits `--settle` seconds, then samples for `--measure` seconds: head (active) series, RSS,
 bytes per series, samples per second ingested, every rule group's and every rule's evaluation
@@ -338,13 +340,15 @@ def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
         BIN["vmalert"], f"-rule={rules}/*.yaml", f"-datasource.url={vm}",
         f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
         f"-notifier.url=http://{alertmanager}", f"-evaluationInterval={SCRAPE_S}s",
-        f"-httpListenAddr=127.0.0.1:{alert_port}", "-loggerLevel=WARN"])
+        f"-httpListenAddr=127.0.0.1:{alert_port}", "-loggerLevel=WARN",
+        *remote_write_tuning()])
     wait_http(agent_port, "/health", 120)
     wait_http(alert_port, "/health", 120)
     alert_url = f"http://127.0.0.1:{alert_port}"
     time.sleep(settle)
     times, iterations = RuleTimes(), Iterations()
     before, started = _metrics(vm), time.monotonic()
+    alert_before = _metrics(alert_url)
     _watch(measure, 5, lambda: (times.sample(alert_url), iterations.sample(alert_url)))
     after, elapsed = _metrics(vm), time.monotonic() - started
     alert_metrics = _metrics(alert_url)
@@ -356,7 +360,30 @@ def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
     return {"series": int(series), "rss_bytes": rss,
             "bytes_per_series": round(rss / series) if series else None,
             "samples_per_second": round(inserted / elapsed),
+            "recorded": {**{name: round(_one(alert_metrics, metric) - _one(alert_before, metric))
+                            for name, metric in RECORDED_LOSS.items()},
+                         "rules_failing_at_end": round(sum(_one(alert_metrics, metric)
+                                                           for metric in RULE_FAILING))},
             **iterations.apply(times.report(missed)), "queries": time_queries(vm, QUERY_BUDGET_S)}
+
+
+# What became of vmalert's rule results over the window: rows written, pushes refused by a
+# full remote-write queue (vmalert drops that rule's result and does not retry), rows dropped
+# after failed sends, and failed evaluations; then the rules whose last evaluation failed
+# (1.79's per-rule gauges; later releases count errors instead).
+RECORDED_LOSS = {"sent_rows": "vmalert_remotewrite_sent_rows_total",
+                 "refused_pushes": "vmalert_remotewrite_errors_total",
+                 "dropped_rows": "vmalert_remotewrite_dropped_rows_total",
+                 "failed_evaluations": "vmalert_execution_errors_total"}
+RULE_FAILING = ("vmalert_recording_rules_error", "vmalert_alerting_rules_error")
+
+
+def remote_write_tuning() -> list[str]:
+    """vmalert's -remoteWrite.* tuning flags as deploy/victoriametrics/compose.yaml ships them
+    (not its URL): the bench measures the deployment's queue, not vmalert's defaults."""
+    compose = yaml.safe_load((ROOT / "deploy" / "victoriametrics" / "compose.yaml").read_text())
+    return [arg for arg in compose["services"]["vmalert"]["command"]
+            if arg.startswith("-remoteWrite.") and not arg.startswith("-remoteWrite.url=")]
 
 
 def run(nodes: int, store: str, rules: Path, settle: float, measure: float) -> dict[str, Any]:
