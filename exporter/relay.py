@@ -34,7 +34,7 @@ WATCH_PERIOD = 2.0  # seconds between two RSS checks of the collector process
 BACKOFF = (1.0, 30.0)  # first and longest wait before starting a dead collector process again
 STEADY = 60.0  # a process that lived this long resets the backoff
 STOP_GRACE = 5.0  # seconds the collector process has to stop before it is killed
-FORMAT_WAIT = 5.0  # seconds a scrape of a format not rendered waits for it (half Prometheus')
+FORMAT_WAIT = 5.0  # seconds a scrape of a format not rendered waits (Prometheus' timeout: 10)
 # glibc gives each thread that allocates its own arena (up to 8 per core); a dozen collector
 # threads then keep fragmented arenas resident. Two hold the RSS flat (the environment wins).
 MALLOC_ARENAS = "2"
