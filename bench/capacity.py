@@ -414,8 +414,11 @@ def _gib(value: float) -> str:
 
 
 def _slowest(entry: dict[str, Any]) -> tuple[str, float, float]:
-    """The rule group with the largest median evaluation time: seconds, share of interval."""
-    name, group = max(entry["groups"].items(), key=lambda kv: kv[1]["median_s"])
+    """The rule group whose median evaluation takes the largest share of its interval (not the
+    most seconds: the 15-minute lemon group once took 6 s, 1 % of its interval): its name,
+    seconds and share."""
+    name, group = max(entry["groups"].items(),
+                      key=lambda kv: kv[1]["median_s"] / kv[1]["interval_s"])
     return name, group["median_s"], group["median_s"] / group["interval_s"]
 
 
