@@ -213,8 +213,7 @@ class Sampler:
         self._formats = FORMATS
         self._bodies: dict[tuple[str, bool], tuple[int, bytes]] = {}
         self._threads: list[threading.Thread] = []
-        self._self_text = b""
-        self._self_openmetrics = b""
+        self._self: dict[str, bytes | None] = dict.fromkeys(FORMATS)  # fmt -> its own series
         self._render_self()
 
     # lifecycle -----------------------------------------------------------------------
@@ -426,11 +425,12 @@ class Sampler:
         return families
 
     def _render_self(self) -> None:
+        """The sampler's own series, after every run, in the formats scraped only."""
         with self._lock:
-            families = self._self_families()
-        text, openmetrics = render(families)
+            families, formats = self._self_families(), self._formats
+        rendered = {fmt: render_format(families, fmt) for fmt in formats}
         with self._lock:
-            self._self_text, self._self_openmetrics = text, openmetrics
+            self._self.update(rendered)
             self._bump_locked()
 
     def wait_change(self, generation: int, timeout: float) -> int:
@@ -447,6 +447,7 @@ class Sampler:
             if formats == self._formats:
                 return
             for fmt in self._formats - formats:
+                self._self[fmt] = None
                 for state in self.states.values():
                     if state.families is not None:
                         setattr(state, fmt, None)
@@ -460,6 +461,9 @@ class Sampler:
             missing = [(state, state.families, fmt) for state in self.states.values()
                        for fmt in self._formats
                        if state.families is not None and getattr(state, fmt) is None]
+            own = [fmt for fmt in self._formats if self._self[fmt] is None]
+        if own:
+            self._render_self()
         for state, families, fmt in missing:
             try:
                 fragment = render_format(families, fmt)
@@ -477,9 +481,9 @@ class Sampler:
         self._fill()
         with self._lock:
             joined = []
-            for fmt, own in ((TEXT, self._self_text), (OPENMETRICS, self._self_openmetrics)):
-                parts = [getattr(s, fmt) for s in self.states.values()]
-                joined.append(b"".join(parts + [own]) if fmt in self._formats
+            for fmt in (TEXT, OPENMETRICS):
+                parts = [getattr(s, fmt) for s in self.states.values()] + [self._self[fmt]]
+                joined.append(b"".join(parts) if fmt in self._formats
                               and None not in parts else None)
             return self._generation, joined[0], joined[1]
 

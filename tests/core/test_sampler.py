@@ -194,19 +194,26 @@ def test_bodies_are_cached_per_generation(trees) -> None:
     assert sampler.body(openmetrics=True, compressed=False).endswith(b"# EOF\n")
 
 
-def test_only_the_formats_asked_for_are_rendered_and_one_asked_again_is_filled_in(trees) -> None:
-    """set_formats: a run renders only the formats scraped; a format dropped is None in the
-    exposition, and one asked for again is rendered from the last good run (byte for byte what
-    prometheus_client writes for it), without another run."""
+def test_only_the_formats_asked_for_are_rendered_and_one_asked_again_is_filled_in(
+        trees, monkeypatch: pytest.MonkeyPatch) -> None:
+    """set_formats: a run renders only the formats scraped, its own series included; a format
+    dropped is None in the exposition, and one asked for again is rendered from the last good
+    run (byte for byte what prometheus_client writes for it), without another run."""
     from prometheus_client.exposition import generate_latest
 
+    from llmmon import sampler as sampler_module
     from llmmon.sampler import OPENMETRICS, TEXT, _Snapshot
 
     good, _ = trees
     collector = make_collector(DiskCollector, good)
     sampler = Sampler([collector], "test")
     sampler.set_formats(frozenset({OPENMETRICS}))
+    rendered: list[str] = []
+    real = sampler_module.render_format
+    monkeypatch.setattr(sampler_module, "render_format",
+                        lambda families, fmt: rendered.append(fmt) or real(families, fmt))
     sampler.run_once(collector)
+    assert rendered == [OPENMETRICS, OPENMETRICS]  # the run, then the sampler's own series
     assert state(sampler, "disk")["formats"] == [OPENMETRICS]
     _, text, openmetrics = sampler.exposition()
     assert text is None and openmetrics is not None and b"llmmon_disk_reads_total" in openmetrics
@@ -215,6 +222,7 @@ def test_only_the_formats_asked_for_are_rendered_and_one_asked_again_is_filled_i
     _, text, again = sampler.exposition()
     assert again == openmetrics
     assert text is not None and text.startswith(generate_latest(_Snapshot(families)))
+    assert b'llmmon_exporter_collector_success{collector="disk"} 1.0' in text
     assert state(sampler, "disk")["formats"] == [TEXT, OPENMETRICS]
     sampler.set_formats(frozenset())
     assert sampler.exposition()[1:] == (None, None)
