@@ -10,6 +10,16 @@ so when exactly one of the signatures is one the group issued in its last HISTOR
 (or, failing that, exactly one of their operations: a broadcast in a job that only all-reduces),
 the ranks that issued anything else are the odd ones.  Otherwise this node cannot tell, and the
 rules decide across nodes from every rank's `llmmon_nccl_inflight_collective_info`.
+
+A desync by size does not hang gloo: the rank that receives the odd tensor aborts (SIGABRT, no
+exit record) within milliseconds, usually before its reporter records the collective, and its
+peers raise in it.  That abort is the job's first end, but not its cause: `behind_abort` finds
+the collective the aborted rank never completed and what its peers issued there, so the job's
+end names the rank whose code path differs.  When the odd rank is the aborted rank's only peer
+on this node, there is nothing to vote with: a collective the group had not issued before (in
+all the daemon indexed of it), enqueued at most ABORT_WITHIN seconds before the abort, is taken
+as the odd one (a watchdog's abort comes minutes into a wait, and its rank recorded the
+collective it waited in).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from collections import Counter
 from typing import AbstractSet, Any, Callable, Iterable
 
 from llmmon.ranks import collectives
+from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Enqueued, RankTrack
 from llmmon.ranks.spans import spans_text
 
@@ -30,6 +41,8 @@ def compared(entry: Enqueued) -> str:
 
 
 HISTORY = 64  # earlier sequence numbers of the group a tie is judged against
+ABORTED = (-6, None)  # SIGABRT, or an end without a record or status (its signal missed)
+ABORT_WITHIN = 10.0  # s from a peer's odd collective to the abort that answered it
 
 
 def before(tracks: Iterable[RankTrack], pg: str, seq: int) -> set[str]:
@@ -55,6 +68,58 @@ def find(seq: int, issued: dict[int, Enqueued], before: AbstractSet[str] = froze
     odd = sorted(r for r, s in seen.items() if s != majority) if majority else []
     return {"seq": seq, "issued": {str(r): issued[r].signature for r in sorted(issued)},
             "odd": odd, "majority": majority, "basis": basis}
+
+
+def behind_abort(tracks: list[RankTrack], end: End) -> dict[str, Any] | None:
+    """The desync that aborted `end`'s rank, or None.  At each collective of its groups after
+    the last it reported completed (its reporter may have written a step or two earlier): peers
+    here that issued something else (`find`, the aborted rank not among the odd ones), or its
+    only issuers here issued what the group had not before, at most ABORT_WITHIN s before the
+    abort.  `pg` and `said` (the clause the job's end quotes) are added."""
+    if end.how != "vanished" or end.code not in ABORTED:
+        return None
+    mine = next(t for t in tracks if t.state.identity.rank == end.rank)
+    for pg, progress in sorted(mine.state.progress.items()):
+        members = [t for t in tracks if pg in t.state.progress]
+        last = max(t.state.progress[pg].enqueued for t in members)
+        # What the group issued before: all the daemon indexed of it (the ring comes every
+        # 20 s, so the last HISTORY sequence numbers may hold nothing yet)
+        known = {compared(entry) for t in members for seq, entry in t.index.get(pg, {}).items()
+                 if seq <= progress.completed}
+        for seq in range(max(progress.completed + 1, last - HISTORY), last + 1):
+            found = _at(seq, pg, members, end, known)
+            if found is not None:
+                return _said({**found, "pg": pg})
+    return None
+
+
+def _at(seq: int, pg: str, members: list[RankTrack], end: End, known: set[str]
+        ) -> dict[str, Any] | None:
+    issued = {t.state.identity.rank: entry for t in members
+              if (entry := t.index.get(pg, {}).get(seq)) is not None}
+    if not issued:
+        return None
+    found = find(seq, issued, before(members, pg, seq) or known)
+    if found is not None:
+        return found if found["odd"] and end.rank not in found["odd"] else None
+    created = min(entry.created_ns for entry in issued.values()) / 1e9
+    lone = {compared(entry) for entry in issued.values()}
+    if end.rank in issued or not known or lone & known \
+            or not 0 <= end.latest - created <= ABORT_WITHIN:
+        return None
+    return {"seq": seq, "odd": sorted(issued), "majority": None, "basis": "new",
+            "after_seconds": round(end.latest - created, 3),
+            "issued": {str(r): issued[r].signature for r in sorted(issued)}}
+
+
+def _said(found: dict[str, Any]) -> dict[str, Any]:
+    """`found` with `said`: what the odd ranks issued, against what (the job's end quotes it)."""
+    odd = ", ".join(f"rank {r}" for r in found["odd"])
+    against = ("which the group had not issued before"
+               if found["basis"] == "new" else
+               f"where the other ranks here issued {found['majority']}")
+    return {**found, "said": f"{odd} issued {found['issued'][str(found['odd'][0])]} as "
+                             f"collective #{found['seq']} of group {found['pg']}, {against}"}
 
 
 def _operation(signature: str) -> str:

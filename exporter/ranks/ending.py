@@ -10,12 +10,14 @@ of them before a communication error (peers of a dead rank fail in their next co
 before a normal exit.  Ranks that all vanished within the same moment were stopped from outside
 (torchrun's teardown of a job, preemption, a scheduler's kill): no rank is blamed.  Nor is one
 when every end seen here is a peer's failure: the rank that went first is on another node.
+A rank that went first by aborting because a peer issued another collective (gloo's answer to a
+desync by size, `llmmon.ranks.desync.behind_abort`) is not blamed either: that peer is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from llmmon.ranks.failure import PEER_FAILURE
 from llmmon.ranks.ledger import RankTrack
@@ -71,8 +73,10 @@ def end_of(track: RankTrack, process: Process | None) -> End | None:
     return None
 
 
-def verdict(job: str, ranks: list[int], ends: list[End]) -> dict[str, Any] | None:
-    """The job's end for /api/v1/ranks: ended (every local rank), first, and one sentence."""
+def verdict(job: str, ranks: list[int], ends: list[End],
+            desyncs: Mapping[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The job's end for /api/v1/ranks: ended (every local rank), first, and one sentence;
+    `desyncs`: rank -> the desync that made it abort (`desync.behind_abort`), if any."""
     if not ends:
         return None
     ended = len(ends) == len(ranks)
@@ -100,6 +104,14 @@ def verdict(job: str, ranks: list[int], ends: list[End]) -> dict[str, Any] | Non
                 f"{spread:.1f} s of each other without an exit record (a signal from outside: "
                 f"torchrun's teardown, preemption or a kill){rest}")
         first = []
+    elif (found := (desyncs or {}).get(first[0].rank)) is not None:
+        odd = ", ".join(f"rank {r}" for r in found["odd"])
+        text = (f"job {job}: {found['said']} (a desync); the rank that was to receive it ended "
+                f"first ({first[0].words()}) without completing it, as gloo aborts on a tensor "
+                f"of another size, and took the job down; fix the code path of {odd}; rank(s) "
+                f"{spans_text([e.rank for e in ends])} ended{rest}")
+        return {"ended": ended, "first": found["odd"], "desync": found,
+                "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)], "summary": text}
     else:
         culprit = first[0]
         others = [e.rank for e in ends if e.rank != culprit.rank]

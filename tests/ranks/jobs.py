@@ -54,6 +54,7 @@ class Job:
     world: int
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    rank_env: dict[int, dict[str, str]] = field(default_factory=dict)  # a rank's own additions
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -68,7 +69,8 @@ class Job:
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(TRAINER), "--rank", str(rank), "--world", str(self.world),
                  "--port", str(port), "--out", str(self.out), *self.args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp))
+                env={**self.env, **self.rank_env.get(rank, {})}, stdout=log,
+                stderr=subprocess.STDOUT, cwd=self.tmp))
             log.close()
         return self
 

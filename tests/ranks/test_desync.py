@@ -89,6 +89,7 @@ def test_a_desync_by_size_is_named_from_the_collective_the_ranks_failed_in(
             group = wait_for(desynced, 240, "the desync, once the job ended",
                              context=lambda: (job_doc(collector), job.logs()))
             samples = scrape(collector)[0]
+            end = job_doc(collector)["end"]
             codes = [proc.wait(timeout=60) for proc in job.procs]
     found = group["desync"]
     aborted = [rank for rank, code in enumerate(codes) if code == -6]
@@ -106,3 +107,44 @@ def test_a_desync_by_size_is_named_from_the_collective_the_ranks_failed_in(
                     pg="0")
     assert {dict(k)["rank"]: (dict(k)["seq"], dict(k)["signature"]) for k in issued} == {
         rank: (str(found["seq"]), signature) for rank, signature in found["issued"].items()}
+    # the rank that aborted went first, but the job's end blames the one it answered
+    assert end["first"] == [3] and end["desync"]["basis"] == "majority", end
+    assert end["summary"].startswith(
+        f"job desync-size: rank 3 issued all_reduce 288 B Float as collective #{found['seq']} "
+        f"of group 0, where the other ranks here issued all_reduce 256 B Float (a desync); the "
+        f"rank that was to receive it ended first (killed by signal 6)"), end["summary"]
+
+
+def test_a_desync_by_size_seen_from_the_odd_ranks_node_blames_it_not_its_aborted_peer(
+        tmp_path: Path) -> None:
+    # Two nodes' spools: ranks 0-1 report to node-a's daemon, ranks 2-3 to node-b's.  Rank 2
+    # aborts before recording the collective, so node-b holds rank 3's odd all-reduce alone,
+    # with nothing to vote with but the group's history; node-a's ranks only lost a peer.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with watched_collector(tmp_path / "a") as (spool_a, node_a), \
+            watched_collector(tmp_path / "b") as (spool_b, node_b):
+        args = [*LONG, "--culprit", "3", "--desync-at", "30", "--desync-by", "size"]
+        spools = {rank: {"LLMMON_SPOOL": str(spool_a if rank < 2 else spool_b)}
+                  for rank in range(4)}
+        with Job(tmp_path, 4, args, base_env(LLMMON_JOB="desync-nodes"), spools) as job:
+            def ended(collector: object) -> dict | None:
+                doc = job_doc(collector)
+                return doc["end"] if doc and doc["end"] and doc["end"]["ended"] else None
+            end_b = wait_for(lambda: ended(node_b), 240, "node-b's ranks ended",
+                             context=lambda: (job_doc(node_b), job.logs()))
+            end_a = wait_for(lambda: ended(node_a), 60, "node-a's ranks ended",
+                             context=lambda: (job_doc(node_a), job.logs()))
+            codes = [proc.wait(timeout=60) for proc in job.procs]
+    assert codes[2] == -6 and codes[3] == 1, f"gloo aborted another rank than 2: {codes}"
+    assert end_b["first"] == [3], end_b
+    found = end_b["desync"]
+    assert (found["basis"], found["odd"], found["issued"]) == (
+        "new", [3], {"3": "all_reduce 288 B Float"}), found
+    assert 0 <= found["after_seconds"] <= 10, found
+    assert end_b["summary"].startswith(
+        f"job desync-nodes: rank 3 issued all_reduce 288 B Float as collective #{found['seq']} "
+        "of group 0, which the group had not issued before (a desync); the "
+        "rank that was to receive it ended first (killed by signal 6)"), end_b["summary"]
+    assert "rank 2" not in end_b["summary"], end_b["summary"]
+    assert end_a["first"] == [] and "lost a peer" in end_a["summary"], end_a
