@@ -24,6 +24,7 @@ collective it waited in).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import AbstractSet, Any, Callable, Iterable
 
@@ -82,30 +83,37 @@ def behind_abort(tracks: list[RankTrack], end: End) -> dict[str, Any] | None:
     for pg, progress in sorted(mine.state.progress.items()):
         members = [t for t in tracks if pg in t.state.progress]
         last = max(t.state.progress[pg].enqueued for t in members)
-        # What the group issued before: all the daemon indexed of it (the ring comes every
-        # 20 s, so the last HISTORY sequence numbers may hold nothing yet)
-        known = {compared(entry) for t in members for seq, entry in t.index.get(pg, {}).items()
-                 if seq <= progress.completed}
+
+        @functools.cache
+        def known(members: list[RankTrack] = members, pg: str = pg,
+                  done: int = progress.completed) -> frozenset[str]:
+            """What the group issued before: all the daemon indexed of it (the ring comes every
+            20 s: the last HISTORY sequence numbers may hold none).  Read once, if needed: a
+            job torn down without exit statuses asks this of every rank at every run."""
+            return frozenset(compared(entry) for t in members
+                             for number, entry in t.index.get(pg, {}).items()
+                             if number <= done)
+
         for seq in range(max(progress.completed + 1, last - HISTORY), last + 1):
-            found = _at(seq, pg, members, end, known)
+            issued = {t.state.identity.rank: entry for t in members
+                      if (entry := t.index.get(pg, {}).get(seq)) is not None}
+            found = _at(seq, issued, before(members, pg, seq), known, end) if issued else None
             if found is not None:
                 return _said({**found, "pg": pg})
     return None
 
 
-def _at(seq: int, pg: str, members: list[RankTrack], end: End, known: set[str]
-        ) -> dict[str, Any] | None:
-    issued = {t.state.identity.rank: entry for t in members
-              if (entry := t.index.get(pg, {}).get(seq)) is not None}
-    if not issued:
-        return None
-    found = find(seq, issued, before(members, pg, seq) or known)
-    if found is not None:
-        return found if found["odd"] and end.rank not in found["odd"] else None
-    created = min(entry.created_ns for entry in issued.values()) / 1e9
+def _at(seq: int, issued: dict[int, Enqueued], recent: AbstractSet[str],
+        known: Callable[[], AbstractSet[str]], end: End) -> dict[str, Any] | None:
+    """`find` with the group's recent history (or all it is `known` to have issued), or a lone
+    issue of something it is not known to have issued."""
     lone = {compared(entry) for entry in issued.values()}
-    if end.rank in issued or not known or lone & known \
-            or not 0 <= end.latest - created <= ABORT_WITHIN:
+    if len(lone) > 1:
+        found = find(seq, issued, recent or known())
+        return found if found and found["odd"] and end.rank not in found["odd"] else None
+    created = min(entry.created_ns for entry in issued.values()) / 1e9
+    if end.rank in issued or not 0 <= end.latest - created <= ABORT_WITHIN \
+            or not known() or lone & known():
         return None
     return {"seq": seq, "odd": sorted(issued), "majority": None, "basis": "new",
             "after_seconds": round(end.latest - created, 3),
