@@ -266,8 +266,9 @@ class RanksCollector(Collector):
                "The learned stall threshold: this many times the p99 gap between a group's "
                "collectives (or step time).", minimum=1.0, maximum=1000.0),
         Option("pid_poll", "duration", "100ms",
-               "How often the ranks' /proc/<pid> are polled (state, CPU; their exits are seen at "
-               "once through pidfds, and by this poll where pidfds are not available).",
+               "How often the ranks' /proc/<pid> are polled (state, CPU, exit) while a rank's "
+               "pidfd cannot be held; with every rank's held (their exits seen at once through "
+               "them), or no rank on the node, once a second or at this interval if longer.",
                minimum="10ms", maximum="1m"),
         Option("auto_dump", "bool", True,
                "Request a Flight Recorder dump from a job once a group stalls for dump_after."),
