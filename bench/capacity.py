@@ -311,10 +311,13 @@ def start_victoria(procs: Processes, targets: Path
 
 
 @contextmanager
-def fleet_in_victoria(nodes: int, *fleet_args: str) -> Iterator[str]:
+def fleet_in_victoria(nodes: int, *fleet_args: str, recording: Path | None = None
+                      ) -> Iterator[str]:
     """`nodes` simulated nodes (bench/fleet.py, with `fleet_args`) scraped by vmagent into
-    VictoriaMetrics, no vmalert (a probe times the store's answers, not a busy ruler's share of
-    the machine): VictoriaMetrics' URL, once vmagent is up."""
+    VictoriaMetrics: VictoriaMetrics' URL, once vmagent is up.  No vmalert (a probe times the
+    store's answers, not a busy ruler's share of the machine), unless `recording` names a rule
+    file: then vmalert evaluates it into the store (the series other rules read), and the URL
+    is yielded once each of its groups has written once."""
     work = Path(tempfile.mkdtemp(prefix="llmmon-fleet-vm-"))
     procs = Processes(work)
     targets, fleet_port = work / "targets.json", free_port()
@@ -325,10 +328,35 @@ def fleet_in_victoria(nodes: int, *fleet_args: str) -> Iterator[str]:
         wait_http(fleet_port, "/nodes/0/metrics", 300)
         _, url, agent_port = start_victoria(procs, targets)
         wait_http(agent_port, "/health", 120)
+        if recording is not None:
+            _record(procs, url, recording)
         yield url
     finally:
         procs.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _record(procs: Processes, vm: str, rules: Path) -> None:
+    """vmalert evaluating `rules` (recording rules only: it notifies nobody) into `vm`, every
+    group run once; a group with a long interval (15 min) is waited for as long."""
+    port = free_port()
+    procs.start("vmalert", [
+        BIN["vmalert"], f"-rule={rules}", f"-datasource.url={vm}", f"-remoteWrite.url={vm}",
+        f"-evaluationInterval={SCRAPE_S}s", f"-httpListenAddr=127.0.0.1:{port}",
+        "-loggerLevel=WARN", *remote_write_tuning()])
+    wait_http(port, "/health", 120)
+    groups = {g["name"]: g.get("interval", f"{SCRAPE_S}s")
+              for g in yaml.safe_load(rules.read_text())["groups"]}
+    print(f"vmalert records {len(groups)} groups; waiting for each to run once "
+          f"(intervals {', '.join(sorted(set(groups.values())))})", flush=True)
+    while True:
+        ran = {ls["group"] for ls, v in
+               _metrics(f"http://127.0.0.1:{port}").get(
+                   "vmalert_iteration_duration_seconds_count", []) if v > 0}
+        if set(groups) <= ran:
+            time.sleep(2 * SCRAPE_S)  # its writes flushed and searchable
+            return
+        time.sleep(5)
 
 
 def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,

@@ -429,8 +429,9 @@ class Sampler:
         with self._lock:
             families, formats = self._self_families(), self._formats
         rendered = {fmt: render_format(families, fmt) for fmt in formats}
-        with self._lock:
-            self._self.update(rendered)
+        with self._lock:  # a format dropped meanwhile stays None, to be filled when asked again
+            self._self.update({fmt: data for fmt, data in rendered.items()
+                               if fmt in self._formats})
             self._bump_locked()
 
     def wait_change(self, generation: int, timeout: float) -> int:

@@ -160,7 +160,8 @@ class PidWatch:
             process.cpu_seconds, process.cpu_changed = stat.cpu_seconds, now
 
     def _run(self) -> None:
-        """Poll every `interval`, and at once when a held pidfd says its process exited."""
+        """Poll every `timeout()`, at once when a held pidfd says its process exited, and when
+        a process to look at is new."""
         poller, registered = select.poll(), set[int]()
         poller.register(self._wake_r, select.POLLIN)
         while not self._stop.is_set():
