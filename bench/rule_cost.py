@@ -11,9 +11,9 @@ interval), the rule of alerts/rules/ and the same rule as rendered at git revisi
 alternated, `--runs` times each, with VictoriaMetrics' result cache off.  Prints each rule's
 median seconds and series for both, and the sums.  Both renders must answer the same series:
 the bench says so when they do not.  Rules that read series recorded by other rules (a `:` in
-a metric name) need those written: with `--recorded`, vmalert evaluates every shipped
-recording rule into the store (and nothing else) from the start, and the probe waits for each
-recording group to have run once; without it they are left out.  Rules that read ALERTS are
+a metric name) need those written: with `--recorded`, vmalert evaluates the shipped recording
+groups that write them (and nothing else) into the store from the start, and the probe waits for
+each to have run once; without it they are left out.  Rules that read ALERTS are
 always left out (nothing here alerts).
 """
 
@@ -64,15 +64,19 @@ def group_rules(texts: list[str], group: str, recorded: bool) -> list[tuple[str,
     return kept
 
 
-def recording_only(texts: list[str]) -> dict[str, Any]:
-    """Every recording rule of these rule files, in their groups, without the alerting ones."""
-    groups = []
-    for text in texts:
-        for group in yaml.safe_load(text)["groups"]:
-            records = [r for r in group["rules"] if "record" in r]
-            if records:
-                groups.append({**group, "rules": records})
-    return {"groups": groups}
+def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
+    """The recording rules of these rule files, in their groups, without the alerting ones:
+    the groups that record a series of `read`, or one those read in turn."""
+    groups = [{**g, "rules": [r for r in g["rules"] if "record" in r]}
+              for text in texts for g in yaml.safe_load(text)["groups"]]
+    wanted, needed = [], set(read)
+    while True:
+        more = [g for g in groups if g not in wanted
+                and any(r["record"] in needed for r in g["rules"])]
+        if not more:
+            return {"groups": [g for g in groups if g in wanted]}
+        wanted += more
+        needed |= {name for g in more for r in g["rules"] for name in recorded_names(r["expr"])}
 
 
 def rule_files(revision: str | None) -> list[str]:
@@ -163,7 +167,8 @@ def main() -> int:
         recording = None
         if args.recorded:
             recording = Path(work) / "recording.yaml"
-            recording.write_text(yaml.safe_dump(recording_only(now), sort_keys=False))
+            read = {name for _, expr in renders["now"] for name in recorded_names(expr)}
+            recording.write_text(yaml.safe_dump(recording_only(now, read), sort_keys=False))
         found = probe(args.nodes, args.hung_jobs, args.settle, args.runs, renders, recording)
     for name, rules in found.items():
         print(f"{name}: {sum(r['median_s'] for r in rules):.2f} s for {len(rules)} rules")
