@@ -17,7 +17,7 @@ desync by size, `llmmon.ranks.desync.behind_abort`) is not blamed either: that p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable
 
 from llmmon.ranks.failure import PEER_FAILURE
 from llmmon.ranks.ledger import RankTrack
@@ -74,9 +74,11 @@ def end_of(track: RankTrack, process: Process | None) -> End | None:
 
 
 def verdict(job: str, ranks: list[int], ends: list[End],
-            desyncs: Mapping[int, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+            desync: Callable[[End], dict[str, Any] | None] | None = None
+            ) -> dict[str, Any] | None:
     """The job's end for /api/v1/ranks: ended (every local rank), first, and one sentence;
-    `desyncs`: rank -> the desync that made it abort (`desync.behind_abort`), if any."""
+    `desync`: the desync that made a rank abort (`desync.behind_abort`), asked of the first
+    end only."""
     if not ends:
         return None
     ended = len(ends) == len(ranks)
@@ -104,7 +106,7 @@ def verdict(job: str, ranks: list[int], ends: list[End],
                 f"{spread:.1f} s of each other without an exit record (a signal from outside: "
                 f"torchrun's teardown, preemption or a kill){rest}")
         first = []
-    elif (found := (desyncs or {}).get(first[0].rank)) is not None:
+    elif desync is not None and (found := desync(first[0])) is not None:
         odd = ", ".join(f"rank {r}" for r in found["odd"])
         text = (f"job {job}: {found['said']} (a desync); the rank that was to receive it ended "
                 f"first ({first[0].words()}) without completing it, as gloo aborts on a tensor "

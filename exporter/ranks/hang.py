@@ -271,10 +271,9 @@ def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
                      watch.get((job_id, t.state.identity.rank, t.pid)) for t in tracks}
         ends = [e for e in (ending.end_of(t, processes[t.state.identity.rank]) for t in tracks)
                 if e is not None]
-        desyncs = {e.rank: found for e in ends
-                   if (found := desync.behind_abort(tracks, e)) is not None}
         job = _Job(tracks, processes, ending.verdict(
-            job_id, [t.state.identity.rank for t in tracks], ends, desyncs))
+            job_id, [t.state.identity.rank for t in tracks], ends,
+            lambda end: desync.behind_abort(tracks, end)))
         pgs = sorted({pg for t in tracks for pg in t.state.progress})
         groups = [_group_json(job_id, job, pg, now, limits) for pg in pgs]
         up = [t for t in tracks if t.age(now) <= stale_after]
