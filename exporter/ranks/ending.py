@@ -88,10 +88,11 @@ def verdict(job: str, ranks: list[int], ends: list[End],
     best = min(e.cause for e in possible)
     first = sorted((e for e in possible if e.cause == best), key=lambda e: e.earliest)
     rest = "" if ended else f"; rank(s) {spans_text(alive)} still run"
+    named: list[int] = []  # the rank(s) that took the job down
+    extra: dict[str, Any] = {}
     if best == 4 and all(e.cause == 4 for e in ends):
         text = (f"job {job} ended: every rank on this node exited normally" if ended else
                 f"job {job}: rank(s) {spans_text([e.rank for e in ends])} exited normally{rest}")
-        first = []
     elif best == 3:
         # Every end here is a peer's failure seen from this side: the rank that failed first is
         # one this daemon does not follow (another node's), or the network between them.
@@ -99,27 +100,23 @@ def verdict(job: str, ranks: list[int], ends: list[End],
         text = (f"job {job}: rank(s) {spans_text(lost)} lost a peer ({first[0].error[:160]}): "
                 f"the rank that failed first is not on this node, "
                 f"or the network between them failed{rest}")
-        first = []
     elif len(first) > 1 and best in (1, 2):
         spread = max(e.latest for e in first) - min(e.earliest for e in first)
         text = (f"job {job} ended: ranks {spans_text([e.rank for e in first])} stopped within "
                 f"{spread:.1f} s of each other without an exit record (a signal from outside: "
                 f"torchrun's teardown, preemption or a kill){rest}")
-        first = []
     elif desync is not None and (found := desync(first[0])) is not None:
-        odd = ", ".join(f"rank {r}" for r in found["odd"])
+        named, extra = found["odd"], {"desync": found}
         text = (f"job {job}: {found['said']} (a desync); the rank that was to receive it ended "
                 f"first ({first[0].words()}) without completing it, as gloo aborts on a tensor "
-                f"of another size, and took the job down; fix the code path of {odd}; rank(s) "
-                f"{spans_text([e.rank for e in ends])} ended{rest}")
-        return {"ended": ended, "first": found["odd"], "desync": found,
-                "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)], "summary": text}
+                f"of another size, and took the job down; fix the code path of rank(s) "
+                f"{spans_text(named)}; rank(s) {spans_text([e.rank for e in ends])} ended{rest}")
     else:
         culprit = first[0]
+        named = [culprit.rank]
         others = [e.rank for e in ends if e.rank != culprit.rank]
         text = (f"job {job}: rank {culprit.rank} exited first ({culprit.words()}) and took the "
                 f"job down" + (f"; rank(s) {spans_text(others)} ended after it" if others else "")
                 + rest)
-        first = first[:1]
-    return {"ended": ended, "first": [e.rank for e in first],
+    return {"ended": ended, "first": named, **extra,
             "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)], "summary": text}
