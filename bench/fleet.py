@@ -49,6 +49,10 @@ GROWTH_S = 600.0  # a counter grows by its recorded value every GROWTH_S seconds
 GPUS = 8
 NODE_LABELS = ("uuid", "serial", "job_id", "rank", "ranks", "world_size", "pod")
 RECORD_SETTLE_S = 40.0  # the GPU collector's 15 s slow calls and two ranks ticks
+# A rank's collective marks (multiples of 256) come after ~65 s of the simulated job; the
+# straggler rules compare ranks across nodes by them, so the recording waits for one.
+MARK = "llmmon_nccl_mark_enqueue_timestamp_seconds{"
+RECORD_DEADLINE_S = 300.0
 HUNG_FOR_S = 600.0  # how long a --hung-jobs job has completed nothing when the fleet starts
 # Frozen on a hung job's nodes: each rank's last progress, and the newest of them per group.
 PROGRESS = ("llmmon_nccl_last_progress_timestamp_seconds",
@@ -205,7 +209,8 @@ def write_targets(path: Path, host: str, port: int, nodes: int, cluster: str) ->
 
 
 def record(path: Path) -> str:
-    """One scrape of a simulated fat node (8 GPUs, 8 NICs, 16 disks, 8 ranks), default flags."""
+    """One scrape of a simulated fat node (8 GPUs, 8 NICs, 16 disks, 8 ranks), default flags,
+    once its ranks have a collective mark."""
     from llmmon.simulate.cluster import ClusterConfig
     from llmmon.simulate.runner import Simulation
 
@@ -214,12 +219,16 @@ def record(path: Path) -> str:
     simulation = Simulation(work, ClusterConfig(nodes=1, disks=16), [])
     try:
         simulation.serve("127.0.0.1", 0, ["--log.level=warning"])
-        deadline = time.monotonic() + RECORD_SETTLE_S
-        while time.monotonic() < deadline:
+        started, text = time.monotonic(), ""
+        while time.monotonic() - started < RECORD_SETTLE_S or MARK not in text:
+            if time.monotonic() - started > RECORD_DEADLINE_S:
+                raise RuntimeError(f"no {MARK[:-1]} series after {RECORD_DEADLINE_S:.0f} s "
+                                   "of the simulated job")
             simulation.step(time.time())
             time.sleep(1.0)
-        with urllib.request.urlopen(simulation.exporters[0].url + "/metrics", timeout=30) as r:
-            text = r.read().decode()
+            with urllib.request.urlopen(simulation.exporters[0].url + "/metrics",
+                                        timeout=30) as r:
+                text = r.read().decode()
     finally:
         simulation.close()
         shutil.rmtree(work, ignore_errors=True)

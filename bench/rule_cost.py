@@ -1,20 +1,22 @@
 """What each rule of a group costs VictoriaMetrics at fleet size, side by side with an older render
 of the same rules (issue 16: every group under 20 % of its interval at 1,250 nodes).
 
-    python bench/rule_cost.py --nodes 500 [--group G] [--recorded] [--hung-jobs 2]
-                              [--baseline REV] [--runs 5]
+    python bench/rule_cost.py --nodes 500 [--group G ... | --all-groups] [--recorded]
+                              [--hung-jobs 2] [--baseline REV] [--runs 5]
 
 Serves `--nodes` simulated nodes from `bench/fleet.py` (`--hung-jobs` of its 128-rank jobs
 look hung), scraped by vmagent into VictoriaMetrics, waits `--settle` seconds, then asks every
-rule of `--group` (alerting and recording) as an instant query (what vmalert sends each
+rule of each `--group` (alerting and recording) as an instant query (what vmalert sends each
 interval), the rule of alerts/rules/ and the same rule as rendered at git revision `--baseline`
 alternated, `--runs` times each, with VictoriaMetrics' result cache off.  Prints each rule's
-median seconds and series for both, and the sums.  Both renders must answer the same series:
-the bench says so when they do not.  Rules that read series recorded by other rules (a `:` in
-a metric name) need those written: with `--recorded`, vmalert evaluates the shipped recording
-groups that write them (and nothing else) into the store from the start, and the probe waits for
-each to have run once; without it they are left out.  Rules that read ALERTS are
-always left out (nothing here alerts).
+median seconds and series for both and, per group, their sum: what one iteration of the group
+asks of the store, rule after rule, with no other group beside it, as a share of its interval.
+Both renders must answer the same series: the bench says so when they do not.  Rules that read
+series recorded by other rules (a `:` in a metric name) need those written: with `--recorded`,
+vmalert evaluates the shipped recording groups that write them (and nothing else) into the
+store from the start, and the probe waits until each recorded name the rules read holds series
+(or says it does not); without it they are left out.  Rules that read ALERTS are always left
+out (nothing here alerts).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ sys.path.insert(0, str(capacity.ROOT))
 from alerts.render import load_thresholds  # noqa: E402
 
 RULES = Path("alerts") / "rules"
+RECORDED_WAIT_S = 600.0
+RECORD_EVERY_S = 60.0  # for the recorded series the probed rules read
 RECORDED = re.compile(r"\b[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*\b")
 
 
@@ -50,24 +54,30 @@ def recorded_names(expr: str) -> set[str]:
     return set(RECORDED.findall(re.sub(r'\[[^]]*\]|"[^"]*"', "", expr)))
 
 
-def group_rules(texts: list[str], group: str, recorded: bool) -> list[tuple[str, str]]:
-    """(rule name, expression) of each rule of `group` in these rule files that reads scraped
-    series only, or (`recorded`) recorded series too; none that reads ALERTS."""
-    found = [g["rules"] for text in texts for g in yaml.safe_load(text)["groups"]
-             if g["name"] == group]
-    if not found:
-        raise SystemExit(f"no rule group {group!r} in {RULES}/")
-    kept = []
-    for rule in found[0]:
-        if "ALERTS" not in rule["expr"] and (recorded or not recorded_names(rule["expr"])):
-            kept.append((rule.get("alert") or rule["record"], rule["expr"]))
-    return kept
+def group_rules(texts: list[str], groups: list[str], recorded: bool) -> list[tuple[str, str]]:
+    """("group/rule name", expression) of each rule of `groups` in these rule files that reads
+    scraped series only, or (`recorded`) recorded series too; none that reads ALERTS."""
+    known = {g["name"]: g["rules"] for text in texts for g in yaml.safe_load(text)["groups"]}
+    if missing := [group for group in groups if group not in known]:
+        raise SystemExit(f"no rule group {', '.join(missing)} in {RULES}/")
+    return [(f"{group}/{rule.get('alert') or rule['record']}", rule["expr"])
+            for group in groups for rule in known[group]
+            if "ALERTS" not in rule["expr"] and (recorded or not recorded_names(rule["expr"]))]
+
+
+def intervals(texts: list[str]) -> dict[str, float]:
+    """Each group's evaluation interval in seconds (the scrape interval unless it sets one)."""
+    return {g["name"]: capacity._seconds(g.get("interval", f"{capacity.SCRAPE_S}s"))
+            for text in texts for g in yaml.safe_load(text)["groups"]}
 
 
 def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
     """The recording rules of these rule files, in their groups, without the alerting ones:
-    the groups that record a series of `read`, or one those read in turn."""
-    groups = [{**g, "rules": [r for r in g["rules"] if "record" in r]}
+    the groups that record a series of `read`, or one those read in turn, each at most every
+    RECORD_EVERY_S (the lemon group's 15 minutes would hold the probe that long; what it
+    records, hence what the rules over it read, does not depend on how often)."""
+    groups = [{**g, "interval": f"{min(RECORD_EVERY_S, intervals([text])[g['name']]):.0f}s",
+               "rules": [r for r in g["rules"] if "record" in r]}
               for text in texts for g in yaml.safe_load(text)["groups"]]
     wanted, needed = [], set(read)
     while True:
@@ -109,6 +119,29 @@ def series(url: str, name: str) -> int:
     return int(float(result[0]["value"][1])) if result else 0
 
 
+def wait_recorded(url: str, names: list[str]) -> None:
+    """Wait until every recorded name holds series, or until no more of them have for two
+    RECORD_EVERY_S (at most RECORDED_WAIT_S), and say how many each holds: a rule over an
+    empty series costs nothing.  A rule that reads what an earlier rule of its group records
+    sees it an iteration later (vmalert writes it remotely), so the straggler score, three
+    rules down `llmmon.recording.nccl`, needs three of its minutes; some stay empty on a
+    healthy fleet (lemon incidents)."""
+    started = time.monotonic()
+    grew, counts = started, dict.fromkeys(names, 0)
+    while True:
+        now = {name: series(url, name) for name in names}
+        if sum(map(bool, now.values())) > sum(map(bool, counts.values())):
+            grew = time.monotonic()
+        counts = now
+        if all(counts.values()) or time.monotonic() - grew > 2 * RECORD_EVERY_S \
+                or time.monotonic() - started > RECORDED_WAIT_S:
+            break
+        time.sleep(capacity.SCRAPE_S)
+    for name, count in counts.items():
+        print(f"recorded {name}: {count} series"
+              + ("" if count else " (none: the rules over it cost nothing here)"), flush=True)
+
+
 def probe(nodes: int, hung_jobs: int, settle: float, runs: int,
           renders: dict[str, list[tuple[str, str]]], recording: Path | None
           ) -> dict[str, list[dict[str, Any]]]:
@@ -123,10 +156,8 @@ def probe(nodes: int, hung_jobs: int, settle: float, runs: int,
             print(f"groups that completed nothing for {window} s by {name}: {len(hung)}"
                   + ("" if len(hung) == hung_jobs else f" (not {hung_jobs}: the run is not valid)"),
                   flush=True)
-        read = sorted({name for rules in renders.values() for _, expr in rules
-                       for name in recorded_names(expr)})
-        for name in read:  # a rule that reads a series nobody recorded costs nothing here
-            print(f"recorded {name}: {series(url, name)} series", flush=True)
+        wait_recorded(url, sorted({name for rules in renders.values() for _, expr in rules
+                                   for name in recorded_names(expr)}))
         found: dict[str, list[dict[str, Any]]] = {name: [] for name in renders}
         for index in range(len(next(iter(renders.values())))):
             times: dict[str, list[float]] = {name: [] for name in renders}
@@ -149,7 +180,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--hung-jobs", type=int, default=0)
-    parser.add_argument("--group", default="llmmon.training")
+    parser.add_argument("--group", action="append",
+                        help="a rule group to cost (repeat for several; default llmmon.training)")
+    parser.add_argument("--all-groups", action="store_true", help="cost every shipped group")
     parser.add_argument("--baseline", default="HEAD", help="git revision of the older render")
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds of data before the queries (default 120)")
@@ -159,10 +192,12 @@ def main() -> int:
                         "the rules that read them are costed too")
     args = parser.parse_args()
     now = rule_files(None)
-    renders = {args.baseline: group_rules(rule_files(args.baseline), args.group, args.recorded),
-               "now": group_rules(now, args.group, args.recorded)}
+    every = intervals(now)
+    groups = list(every) if args.all_groups else args.group or ["llmmon.training"]
+    renders = {args.baseline: group_rules(rule_files(args.baseline), groups, args.recorded),
+               "now": group_rules(now, groups, args.recorded)}
     if [n for n, _ in renders["now"]] != [n for n, _ in renders[args.baseline]]:
-        parser.error(f"the two renders of {args.group} have different rules")
+        parser.error(f"the two renders of {', '.join(groups)} have different rules")
     with tempfile.TemporaryDirectory(prefix="llmmon-rule-cost-") as work:
         recording = None
         if args.recorded:
@@ -171,7 +206,11 @@ def main() -> int:
             recording.write_text(yaml.safe_dump(recording_only(now, read), sort_keys=False))
         found = probe(args.nodes, args.hung_jobs, args.settle, args.runs, renders, recording)
     for name, rules in found.items():
-        print(f"{name}: {sum(r['median_s'] for r in rules):.2f} s for {len(rules)} rules")
+        for group in groups:  # what an iteration of the group asks, one rule after another
+            mine = [r["median_s"] for r in rules if r["rule"].split(":", 1)[1].startswith(
+                f"{group}/")]
+            print(f"{name} {group}: {sum(mine):.2f} s for {len(mine)} rules "
+                  f"({100 * sum(mine) / every[group]:.0f} % of its {every[group]:.0f} s)")
     differ = [rule["rule"] for rule, other in zip(*found.values())
               if rule["answer"] != other["answer"]]
     print("the renders answer the same series" if not differ else
