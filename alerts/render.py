@@ -141,7 +141,7 @@ def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
         expander = _Expander(thresholds, snippets, source)
         groups = []
         for group in data["groups"]:
-            rules = []
+            rules, mine = [], len(infos)
             for rule in group["rules"]:
                 expander.rule_uses = []
                 rule = expander.tree(rule)
@@ -160,7 +160,10 @@ def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
                     uses=expander.rule_uses,
                 ))
                 rules.append(rule)
+            expander.rule_uses = []  # a threshold in the header (an interval) is every rule's
             header = expander.tree({k: v for k, v in group.items() if k != "rules"})
+            for info in infos[mine:]:
+                info.uses.extend(expander.rule_uses)
             if for_override is not None:  # fast tests evaluate every group at their own pace
                 header.pop("interval", None)
             groups.append({**header, "rules": rules})
