@@ -163,7 +163,7 @@ def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
             expander.rule_uses = []  # a threshold in the header (an interval) is every rule's
             header = expander.tree({k: v for k, v in group.items() if k != "rules"})
             for info in infos[mine:]:
-                info.uses.extend(expander.rule_uses)
+                info.uses.extend(name for name in expander.rule_uses if name not in info.uses)
             if for_override is not None:  # fast tests evaluate every group at their own pace
                 header.pop("interval", None)
             groups.append({**header, "rules": rules})

@@ -43,8 +43,8 @@ sys.path.insert(0, str(capacity.ROOT))
 from alerts.render import load_thresholds  # noqa: E402
 
 RULES = Path("alerts") / "rules"
-RECORDED_WAIT_S = 600.0
-RECORD_EVERY_S = 60.0  # for the recorded series the probed rules read
+RECORDED_WAIT_S = 600.0  # at most, for the recorded series the probed rules read
+RECORD_EVERY_S = 60.0  # the longest interval a recording group runs at here
 RECORDED = re.compile(r"\b[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*\b")
 
 
@@ -65,10 +65,13 @@ def group_rules(texts: list[str], groups: list[str], recorded: bool) -> list[tup
             if "ALERTS" not in rule["expr"] and (recorded or not recorded_names(rule["expr"]))]
 
 
+def interval(group: dict[str, Any]) -> float:
+    """A group's evaluation interval in seconds (the scrape interval unless it sets one)."""
+    return capacity._seconds(group.get("interval", f"{capacity.SCRAPE_S}s"))
+
+
 def intervals(texts: list[str]) -> dict[str, float]:
-    """Each group's evaluation interval in seconds (the scrape interval unless it sets one)."""
-    return {g["name"]: capacity._seconds(g.get("interval", f"{capacity.SCRAPE_S}s"))
-            for text in texts for g in yaml.safe_load(text)["groups"]}
+    return {g["name"]: interval(g) for text in texts for g in yaml.safe_load(text)["groups"]}
 
 
 def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
@@ -76,7 +79,7 @@ def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
     the groups that record a series of `read`, or one those read in turn, each at most every
     RECORD_EVERY_S (the lemon group's 15 minutes would hold the probe that long; what it
     records, hence what the rules over it read, does not depend on how often)."""
-    groups = [{**g, "interval": f"{min(RECORD_EVERY_S, intervals([text])[g['name']]):.0f}s",
+    groups = [{**g, "interval": f"{min(RECORD_EVERY_S, interval(g)):.0f}s",
                "rules": [r for r in g["rules"] if "record" in r]}
               for text in texts for g in yaml.safe_load(text)["groups"]]
     wanted, needed = [], set(read)
@@ -124,8 +127,8 @@ def wait_recorded(url: str, names: list[str]) -> None:
     RECORD_EVERY_S (at most RECORDED_WAIT_S), and say how many each holds: a rule over an
     empty series costs nothing.  A rule that reads what an earlier rule of its group records
     sees it an iteration later (vmalert writes it remotely), so the straggler score, three
-    rules down `llmmon.recording.nccl`, needs three of its minutes; some stay empty on a
-    healthy fleet (lemon incidents)."""
+    rules down `llmmon.recording.nccl`, needs three of its minutes; a name may stay empty on
+    a healthy fleet."""
     started = time.monotonic()
     grew, counts = started, dict.fromkeys(names, 0)
     while True:
