@@ -57,6 +57,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         prometheus.wait('count(up{job="llmmon"} == 1) == 2')
         prometheus.wait("uuid_job_id:llmmon_rank_info:max_up")
         prometheus.wait('count_over_time(up{node="node-a"}[1m]) >= 5')
+        # llmmon.recording.trends runs once a minute, first at an offset Prometheus picks
+        prometheus.wait("node_device_port:llmmon_rdma_loss_events:rate5m", timeout=180)
         yield {"prometheus": prometheus, "node-a": servers["node-a"].url}
     finally:
         if prometheus is not None:
