@@ -336,6 +336,11 @@ def fleet_in_victoria(nodes: int, *fleet_args: str, recording: Path | None = Non
         shutil.rmtree(work, ignore_errors=True)
 
 
+def group_seconds(group: dict[str, Any]) -> float:
+    """A rule group's evaluation interval in seconds (the scrape interval unless it sets one)."""
+    return _seconds(group.get("interval", f"{SCRAPE_S}s"))
+
+
 def _record(procs: Processes, vm: str, rules: Path) -> None:
     """vmalert evaluating `rules` (recording rules only: it notifies nobody) into `vm`, every
     group run once (vmalert 1.79 runs each at its start; a group that has not run within its
@@ -346,11 +351,11 @@ def _record(procs: Processes, vm: str, rules: Path) -> None:
         f"-evaluationInterval={SCRAPE_S}s", f"-httpListenAddr=127.0.0.1:{port}",
         "-loggerLevel=WARN", *remote_write_tuning()])
     wait_http(port, "/health", 120)
-    groups = {g["name"]: g.get("interval", f"{SCRAPE_S}s")
-              for g in yaml.safe_load(rules.read_text())["groups"]}
+    groups = {g["name"]: group_seconds(g) for g in yaml.safe_load(rules.read_text())["groups"]}
     print(f"vmalert records {len(groups)} groups; waiting for each to run once "
-          f"(intervals {', '.join(sorted(set(groups.values())))})", flush=True)
-    deadline, ran = time.monotonic() + max(map(_seconds, groups.values())) + 120, set[str]()
+          f"(intervals {', '.join(f'{s:.0f} s' for s in sorted(set(groups.values())))})",
+          flush=True)
+    deadline, ran = time.monotonic() + max(groups.values()) + 120, set[str]()
     while time.monotonic() < deadline:
         ran = {ls["group"] for ls, v in
                _metrics(f"http://127.0.0.1:{port}").get(

@@ -65,13 +65,10 @@ def group_rules(texts: list[str], groups: list[str], recorded: bool) -> list[tup
             if "ALERTS" not in rule["expr"] and (recorded or not recorded_names(rule["expr"]))]
 
 
-def interval(group: dict[str, Any]) -> float:
-    """A group's evaluation interval in seconds (the scrape interval unless it sets one)."""
-    return capacity._seconds(group.get("interval", f"{capacity.SCRAPE_S}s"))
-
-
 def intervals(texts: list[str]) -> dict[str, float]:
-    return {g["name"]: interval(g) for text in texts for g in yaml.safe_load(text)["groups"]}
+    """Each group's evaluation interval in seconds."""
+    return {g["name"]: capacity.group_seconds(g)
+            for text in texts for g in yaml.safe_load(text)["groups"]}
 
 
 def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
@@ -79,7 +76,7 @@ def recording_only(texts: list[str], read: set[str]) -> dict[str, Any]:
     the groups that record a series of `read`, or one those read in turn, each at most every
     RECORD_EVERY_S (the lemon group's 15 minutes would hold the probe that long; what it
     records, hence what the rules over it read, does not depend on how often)."""
-    groups = [{**g, "interval": f"{min(RECORD_EVERY_S, interval(g)):.0f}s",
+    groups = [{**g, "interval": f"{min(RECORD_EVERY_S, capacity.group_seconds(g)):.0f}s",
                "rules": [r for r in g["rules"] if "record" in r]}
               for text in texts for g in yaml.safe_load(text)["groups"]]
     wanted, needed = [], set(read)
@@ -203,9 +200,9 @@ def main() -> int:
         parser.error(f"the two renders of {', '.join(groups)} have different rules")
     with tempfile.TemporaryDirectory(prefix="llmmon-rule-cost-") as work:
         recording = None
-        if args.recorded:
+        read = {name for _, expr in renders["now"] for name in recorded_names(expr)}
+        if args.recorded and read:  # nothing to record when the rules read no recorded series
             recording = Path(work) / "recording.yaml"
-            read = {name for _, expr in renders["now"] for name in recorded_names(expr)}
             recording.write_text(yaml.safe_dump(recording_only(now, read), sort_keys=False))
         found = probe(args.nodes, args.hung_jobs, args.settle, args.runs, renders, recording)
     for name, rules in found.items():
