@@ -12,7 +12,10 @@ A process' exit status is readable only while it is a zombie, and torchrun reaps
 within its 0.1 s monitor interval: a poll every 0.1 s misses it about half the time, and a
 SIGKILLed rank then reads like the ranks torchrun tore down after it.  So the thread also
 holds a pidfd (pidfd_open(2), Linux 5.3) of each visible process, which becomes readable the
-moment the process exits, before its parent reaps it, and reads its stat then.  A pidfd is
+moment the process exits, before its parent reaps it, and reads its stat then.  On a loaded
+node the thread can wake after torchrun has reaped it all the same; from Linux 6.15 the held
+pidfd itself keeps the status after the reap (ioctl PIDFD_GET_INFO, PIDFD_INFO_EXIT), and the
+thread asks it whenever the zombie was missed.  A pidfd is
 kept only if the process under that number in this daemon's own /proc has the start time the
 reporter wrote (with --path.procfs of another PID namespace the numbers mean other processes).
 While it holds a pidfd of every process it follows (or follows none: a node between jobs), exits
@@ -22,8 +25,10 @@ wake it anyway and it polls states and CPU times once a second (HELD_POLL) inste
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +38,23 @@ from llmmon.sources.fs import RootedFS
 
 Key = tuple[str, int, int]  # job_id, rank, pid
 HELD_POLL = 1.0  # s between polls when no exit can be missed (see the module's docstring)
+# linux/pidfd.h: struct pidfd_info (its first version, 64 bytes) and the ioctl that fills it
+PIDFD_INFO = struct.Struct("=QQ11Ii")  # mask, cgroupid, pid ... fsgid, exit_code
+PIDFD_GET_INFO = 0xC0000000 | PIDFD_INFO.size << 16 | 0xFF << 8 | 11  # _IOWR(0xFF, 11, ...)
+PIDFD_INFO_EXIT = 1 << 3
+
+
+def pidfd_exit_status(fd: int) -> int | None:
+    """The exit status the kernel keeps with a pidfd once its process was reaped (Linux 6.15),
+    as a shell reports it; None while it runs or is a zombie, or on an older kernel."""
+    info = bytearray(PIDFD_INFO.size)
+    PIDFD_INFO.pack_into(info, 0, PIDFD_INFO_EXIT, *[0] * 13)
+    try:
+        fcntl.ioctl(fd, PIDFD_GET_INFO, info, True)
+    except OSError:  # ENOTTY/EINVAL before 6.15; ESRCH if it vanished without a record
+        return None
+    fields = PIDFD_INFO.unpack(info)
+    return procstat.exit_status(fields[13]) if fields[0] & PIDFD_INFO_EXIT else None
 
 
 @dataclass
@@ -118,7 +140,10 @@ class PidWatch:
             with self._lock:
                 self._observe(process, stat, now)
                 if process.gone_at is not None and key in self._pidfds:
-                    os.close(self._pidfds.pop(key))
+                    fd = self._pidfds.pop(key)
+                    if process.exit_status is None:  # reaped before this thread woke
+                        process.exit_status = pidfd_exit_status(fd)
+                    os.close(fd)
                 elif process.visible and key not in self._pidfds and self._thread is not None:
                     self._open_pidfd(key, process)
 

@@ -4,12 +4,14 @@ process can be seen to end only by polling.  Real processes, this machine's /pro
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from llmmon.ranks.liveness import HELD_POLL, PidWatch
+from llmmon.ranks.liveness import HELD_POLL, PidWatch, pidfd_exit_status
 from llmmon.sources import procstat
 from llmmon.sources.fs import RootedFS
 from tests.ranks.jobs import wait_for
@@ -26,6 +28,20 @@ class CountedWatch(PidWatch):
 
     def poll(self, now: float | None = None) -> None:
         self.polled.append(time.monotonic())
+        super().poll(now)
+
+
+class LateWatch(CountedWatch):
+    """The real watch, whose thread cannot poll while `late` is clear: a loaded node on which
+    it wakes after the parent has reaped the process."""
+
+    def __init__(self, procfs: RootedFS) -> None:
+        super().__init__(procfs)
+        self.late = threading.Event()
+        self.late.set()
+
+    def poll(self, now: float | None = None) -> None:
+        self.late.wait()
         super().poll(now)
 
 
@@ -86,3 +102,42 @@ def test_a_process_seen_only_through_another_procfs_is_polled_every_interval(
         child.kill()
         child.wait(30)
         watch.close()
+
+
+def test_a_killed_process_its_parent_reaped_before_the_watch_woke_keeps_its_signal() -> None:
+    # torchrun reaps a dead worker within 0.1 s; a watch thread that wakes later (a CPU hog
+    # beside four ranks on two cores) finds no zombie to read, and a SIGKILLed rank read like the
+    # ranks torchrun tore down after it.  The pidfd it holds keeps the status (Linux 6.15).
+    watch = LateWatch(RootedFS("/proc"))
+    watch.start()
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        key = ("job", 0, child.pid)
+        watch.follow({key: start_ticks(child.pid)})
+        wait_for(lambda: watch.timeout() == HELD_POLL and (p := watch.get(key)) and p.visible,
+                 30, "the child seen and its pidfd held")
+        watch.late.clear()
+        child.kill()
+        assert child.wait(30) == -9  # reaped: /proc holds nothing of it any more
+        assert procstat.read(RootedFS("/proc"), child.pid) is None
+        watch.late.set()
+        seen = wait_for(lambda: (p := watch.get(key)) and p.gone_at and p, 30,
+                        "the child seen gone after its reap")
+        assert seen.exit_status == -9, seen
+    finally:
+        watch.late.set()
+        child.kill()
+        child.wait(30)
+        watch.close()
+
+
+def test_a_pidfd_gives_no_status_while_its_process_runs_and_the_code_after_a_reap() -> None:
+    child = subprocess.Popen(["sh", "-c", "read line; exit 7"], stdin=subprocess.PIPE)
+    fd = os.pidfd_open(child.pid)
+    try:
+        assert pidfd_exit_status(fd) is None
+        child.communicate(b"\n", timeout=30)
+        assert child.returncode == 7
+        assert pidfd_exit_status(fd) == 7
+    finally:
+        os.close(fd)
