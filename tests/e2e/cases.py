@@ -52,7 +52,7 @@ CASES = (
         Expect("DiskReadSaturated", {"device": "md0"}, ("Disk md0 on node {node}",)))),
     Case("straggler", tickets=(
         Expect("LLMTrainingStraggler", {"rank": "3", "reason": "enqueue_lag"},
-               ("Rank 3 of job {job} on node {node}",)),
+               ("Rank 3 of job {job} (pod training/{job}-{node}) on node {node}",)),
         Expect("LLMTrainingStraggler", {"rank": "3", "reason": "collective_time"}))),
     Case("thermal", pages=(
         Expect("GPUThermalThrottle", {"gpu": "6", "uuid": uuid(6),
@@ -71,7 +71,8 @@ CASES = (
     # The OOM (70 s of wall time in) comes well after the fragmentation and retry tickets (~30 s),
     # which it inhibits: a ticket not yet sent when the OOM fires is never sent.
     Case("oom:ramp=200,retry=300,retry_every=20,oom=1400", pages=(
-        Expect("GPUMemoryOOM", {"rank": "1"}, ("Rank 1 of job {job} on node {node}",)),),
+        Expect("GPUMemoryOOM", {"rank": "1"},
+               ("Rank 1 of job {job} (pod training/{job}-{node}) on node {node}",)),),
         tickets=(Expect("GPUMemoryFragmentation", {"rank": "1"}),
                  Expect("GPUMemoryOOMRisk", {"rank": "1", "reason": "alloc_retries"})),
         inhibited=(Expect("GPUMemoryFragmentation", {"rank": "1"}),
@@ -89,7 +90,8 @@ CASES = (
         Expect("GPULost", {"gpu": "2", "uuid": uuid(2)}, ("GPU 2", "on node {node}")),)),
     Case("hang", pages=(
         Expect("LLMTrainingHang", {"rank": "5", "pg": "0", "reason": "rank_not_enqueued"},
-               ("Rank 5 of job {job}", "on node {node} is the rank behind")),)),
+               ("Rank 5 of job {job} (pod training/{job}-{node}) on node {node} is the rank "
+                "behind",)),)),
     Case("pcie-downtrain", tickets=(
         Expect("PCIeLinkDowntrained", {"gpu": "1", "uuid": uuid(1), "reason": "gpu"},
                ("GPU 1", "on node {node}", "at Gen4 x8 (maximum Gen5 x16)")),)),
