@@ -29,6 +29,7 @@ class FaultClass:
     notes: str = ""
     also: tuple[int, ...] = ()  # ranks as much to blame as the culprit (none wrongly blamed)
     needs_page: bool = False  # watched until the notification names it too, in any run
+    pages: bool = True  # False: the job ends, which pages nobody (the scheduler knows)
 
     @property
     def cause_re(self) -> re.Pattern[str]:
@@ -54,10 +55,10 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
                    "rank 3 (node-b) is named as stuck before its next collective"),
         FaultClass("lock", "lock", 3, r"update_metrics|\block\b", HANG_WINDOW,
                    notes="rank 3 deadlocks on a lock it holds (update_metrics)"),
-        FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW,
+        FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW, pages=False,
                    notes="rank 3 calls sys.exit(3); torchrun tears the job down"),
         FaultClass("sigkill", "sigkill", 3, r"\bSIGKILL\b|signal 9|\bkilled\b", HANG_WINDOW,
-                   notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
+                   pages=False, notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
         FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW,
                    notes="rank 3 (reporter thread included) is frozen with SIGSTOP"),
         FaultClass("desync-size", "desync-size", 3, r"desync|mismatch|size", HANG_WINDOW,

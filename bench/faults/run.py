@@ -248,7 +248,8 @@ HEADER = ("| class | detected | culprit right | cause right | API s (named/cause
 def names_where(r: dict[str, Any]) -> bool | None:
     """Whether the notification that named the culprit also names its pod and node (node-b)."""
     page = r["sources"]["page"]
-    if r["culprit"] is None:
+    fault = {c.name: c for c in classes(0.0)}.get(r["class"])
+    if r["culprit"] is None or (fault is not None and not fault.pages):
         return None
     culprit_node = NODES[-1]  # the culprit, rank 3, is node-b's
     return page["named_at"] is not None and f"{r['job_id']}-{culprit_node}" in page["said"] \
@@ -310,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         merged: dict[str, dict[str, Any]] = {}
         metas = []
         for path in args.render:
-            saved = json.loads(path.read_text())
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                parser.error(f"--render {path}: {e}")
             metas.append(saved["meta"])
             if not saved["meta"].get("cause_without_job_id"):
                 saved["results"] = [recheck_cause(r, known) for r in saved["results"]]

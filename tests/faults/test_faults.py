@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bench.faults.classes import classes
-from bench.faults.run import bench
+from bench.faults.run import bench, names_where
 
 WANTED = {"loader": 240.0, "loader-all": 300.0, "sigstop": 240.0, "exit": 240.0, "sigkill": 240.0,
           "network": 240.0, "network-delay": 240.0, "starved": 240.0,
@@ -70,6 +70,7 @@ def test_every_rank_stuck_before_a_collective_is_a_quiet_hang_and_pages(results:
     assert "LLMTrainingHang no_rank_enqueues: Rank 3 of job" in page["said"], page["said"]
     assert f"(pod bench/{r['job_id']}-node-b) on node node-b" in page["said"], page["said"]
     assert r["blamed_wrong"] == [], r
+    assert names_where(r) is True  # the table's "page names pod + node"
 
 
 def test_a_frozen_rank_is_named_from_its_silence_while_its_peers_report(results: dict) -> None:
@@ -97,6 +98,7 @@ def test_a_rank_that_exits_or_is_killed_is_named_with_its_code_or_signal(results
         assert said in api["said"], api["said"]
         assert diagnose["named_at"] is not None and said in diagnose["said"], diagnose
         assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+        assert names_where(r) is None  # nobody is paged for a job's end: n/a, not a miss
 
 
 def test_a_degraded_link_between_the_nodes_is_the_network_not_a_rank(results: dict) -> None:
