@@ -245,11 +245,13 @@ HEADER = ("| class | detected | culprit right | cause right | API s (named/cause
           "tickets |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+UNPAGED = {c.name for c in classes(0.0) if not c.pages}  # a job's end: nobody is paged
+
+
 def names_where(r: dict[str, Any]) -> bool | None:
     """Whether the notification that named the culprit also names its pod and node (node-b)."""
     page = r["sources"]["page"]
-    fault = {c.name: c for c in classes(0.0)}.get(r["class"])
-    if r["culprit"] is None or (fault is not None and not fault.pages):
+    if r["culprit"] is None or r["class"] in UNPAGED:
         return None
     culprit_node = NODES[-1]  # the culprit, rank 3, is node-b's
     return page["named_at"] is not None and f"{r['job_id']}-{culprit_node}" in page["said"] \
