@@ -53,8 +53,8 @@ def pidfd_exit_status(fd: int) -> int | None:
         fcntl.ioctl(fd, PIDFD_GET_INFO, info, True)
     except OSError:  # ENOTTY/EINVAL before 6.15; ESRCH if it vanished without a record
         return None
-    fields = PIDFD_INFO.unpack(info)
-    return procstat.exit_status(fields[13]) if fields[0] & PIDFD_INFO_EXIT else None
+    mask, *_, exit_code = PIDFD_INFO.unpack(info)
+    return procstat.exit_status(exit_code) if mask & PIDFD_INFO_EXIT else None
 
 
 @dataclass
