@@ -11,14 +11,17 @@ one store at a time so that their memory does not add up on one machine:
 
 waits `--settle` seconds, then samples for `--measure` seconds: head (active) series, RSS,
 bytes per series, samples per second ingested, every rule group's and every rule's evaluation
-time (the median and the largest over the window) and missed iterations, and the latency of
-every query of the wall and triage dashboards (from dashboards/*.json at their default time
-range, step = range / 1000 points rounded to at least the 15 s scrape interval, as Grafana
-computes it; `$__rate_interval` = 4 scrape intervals, every template variable = All).
+time (the median and the largest over the window) and missed iterations, the CPU cores each
+process (fleet, scraper, store, ruler) and the whole machine used over the window, and the
+latency of every query of the wall and triage dashboards (from dashboards/*.json at their
+default time range, step = range / 1000 points rounded to at least the 15 s scrape interval, as
+Grafana computes it; `$__rate_interval` = 4 scrape intervals, every template variable = All).
 
 Writes bench/results/capacity.json; `--write-docs` regenerates the measured block of
 docs/capacity.md (the table and the extrapolation).  Rules come from alerts/rules/ unless
-`--rules DIR` (e.g. an older render, for a before/after comparison).
+`--rules DIR` (e.g. an older render, for a before/after comparison); `--no-rules` runs
+Prometheus without rule files and VictoriaMetrics without vmalert: what scraping and storing
+alone cost, beside which the rules' share of the machine reads.
 
     python bench/capacity.py --nodes 125 250 500 1000 --write-docs
 """
@@ -57,6 +60,7 @@ BIN = {name: shutil.which(name) for name in
        ("prometheus", "victoria-metrics", "vmagent", "vmalert", "prometheus-alertmanager")}
 MARK_START, MARK_END = "<!-- capacity-table:start -->", "<!-- capacity-table:end -->"
 GPUS = 8
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _get(url: str, timeout: float = 120.0) -> bytes:
@@ -82,19 +86,42 @@ class Processes:
 
     def __init__(self, work: Path) -> None:
         self.work = work
-        self.started: list[subprocess.Popen[bytes]] = []
+        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, cwd=self.work)
-        self.started.append(process)
+        self.started.append((name, process))
         return process
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each running process has used, by name, and the whole
+        machine's busy seconds under "machine" (/proc/stat, every CPU summed)."""
+        used = {name: _cpu_seconds(process.pid) for name, process in self.started
+                if process.poll() is None}
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle, iowait
+        return {**used, "machine": (sum(fields[:8]) - idle) / CLOCK_TICKS}
+
     def stop(self) -> None:
-        for process in reversed(self.started):
+        for _, process in reversed(self.started):
             stop(process)
         self.started = []
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (/proc/PID/stat fields 14 and 15, after the command name)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], seconds: float
+               ) -> dict[str, float]:
+    """Cores each process (and the machine) used between two `Processes.cpu_seconds` readings:
+    on a saturated machine, what the store, the scraper and the rules got of it."""
+    return {name: round((after[name] - before[name]) / seconds, 2) for name in after
+            if name in before}
 
 
 def _rss_bytes(pid: int) -> int:
@@ -257,14 +284,15 @@ def _alertmanager(procs: Processes) -> str:
     return f"127.0.0.1:{port}"
 
 
-def run_prometheus(procs: Processes, targets: Path, rules: Path, settle: float,
+def run_prometheus(procs: Processes, targets: Path, rules: Path | None, settle: float,
                    measure: float) -> dict[str, Any]:
+    """Prometheus scraping the fleet and evaluating `rules` (none: scraping and storage only)."""
     alertmanager = _alertmanager(procs)
     port = free_port()
     config = procs.work / "prometheus.yml"
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-        "rule_files": [str(rules / "*.yaml")],
+        "rule_files": [str(rules / "*.yaml")] if rules else [],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [_scrape_config(targets)]}))
     process = procs.start("prometheus", [
@@ -274,9 +302,10 @@ def run_prometheus(procs: Processes, targets: Path, rules: Path, settle: float,
     wait_http(port, "/-/ready", 120)
     time.sleep(settle)
     times = RuleTimes()
-    before, started = _metrics(url), time.monotonic()
+    before, started, cpu = _metrics(url), time.monotonic(), procs.cpu_seconds()
     _watch(measure, 5, lambda: times.sample(url))
     after, elapsed = _metrics(url), time.monotonic() - started
+    cores = cores_used(cpu, procs.cpu_seconds(), elapsed)
     series = _one(after, "prometheus_tsdb_head_series")
     rss = _rss_bytes(process.pid)
     missed = {ls["rule_group"].rsplit(";", 1)[-1]: v for ls, v in
@@ -285,7 +314,7 @@ def run_prometheus(procs: Processes, targets: Path, rules: Path, settle: float,
                 - _one(before, "prometheus_tsdb_head_samples_appended_total"))
     return {"series": int(series), "rss_bytes": rss,
             "bytes_per_series": round(rss / series) if series else None,
-            "samples_per_second": round(appended / elapsed),
+            "samples_per_second": round(appended / elapsed), "cores": cores,
             **times.report(missed), "queries": time_queries(url, QUERY_BUDGET_S)}
 
 
@@ -367,39 +396,48 @@ def _record(procs: Processes, vm: str, rules: Path) -> None:
     raise RuntimeError(f"vmalert did not run {sorted(set(groups) - ran)} in time")
 
 
-def run_victoria(procs: Processes, targets: Path, rules: Path, settle: float,
+def run_victoria(procs: Processes, targets: Path, rules: Path | None, settle: float,
                  measure: float) -> dict[str, Any]:
-    alertmanager = _alertmanager(procs)
+    """VictoriaMetrics fed by vmagent, with vmalert evaluating `rules` (none: no vmalert)."""
     process, vm, agent_port = start_victoria(procs, targets)
-    alert_port = free_port()
-    procs.start("vmalert", [
-        BIN["vmalert"], f"-rule={rules}/*.yaml", f"-datasource.url={vm}",
-        f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
-        f"-notifier.url=http://{alertmanager}", f"-evaluationInterval={SCRAPE_S}s",
-        f"-httpListenAddr=127.0.0.1:{alert_port}", "-loggerLevel=WARN",
-        *remote_write_tuning()])
+    alert_url = None
+    if rules is not None:
+        alertmanager, alert_port = _alertmanager(procs), free_port()
+        procs.start("vmalert", [
+            BIN["vmalert"], f"-rule={rules}/*.yaml", f"-datasource.url={vm}",
+            f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
+            f"-notifier.url=http://{alertmanager}", f"-evaluationInterval={SCRAPE_S}s",
+            f"-httpListenAddr=127.0.0.1:{alert_port}", "-loggerLevel=WARN",
+            *remote_write_tuning()])
+        wait_http(alert_port, "/health", 120)
+        alert_url = f"http://127.0.0.1:{alert_port}"
     wait_http(agent_port, "/health", 120)
-    wait_http(alert_port, "/health", 120)
-    alert_url = f"http://127.0.0.1:{alert_port}"
     time.sleep(settle)
     times, iterations = RuleTimes(), Iterations()
-    before, started = _metrics(vm), time.monotonic()
-    alert_before = _metrics(alert_url)
-    _watch(measure, 5, lambda: (times.sample(alert_url), iterations.sample(alert_url)))
+    before, started, cpu = _metrics(vm), time.monotonic(), procs.cpu_seconds()
+    alert_before = _metrics(alert_url) if alert_url else {}
+    def probe() -> None:
+        if alert_url:
+            times.sample(alert_url)
+            iterations.sample(alert_url)
+
+    _watch(measure, 5, probe)
     after, elapsed = _metrics(vm), time.monotonic() - started
-    alert_metrics = _metrics(alert_url)
+    cores = cores_used(cpu, procs.cpu_seconds(), elapsed)
+    alert_metrics = _metrics(alert_url) if alert_url else {}
     series = _one(after, "vm_cache_entries", type="storage/hour_metric_ids")
     rss = _rss_bytes(process.pid)
     missed = {ls["group"]: v for ls, v in alert_metrics.get("vmalert_iteration_missed_total", [])}
     inserted = (_one(after, "vm_rows_inserted_total", type="promremotewrite")
                 - _one(before, "vm_rows_inserted_total", type="promremotewrite"))
+    recorded = {**{name: round(_one(alert_metrics, metric) - _one(alert_before, metric))
+                   for name, metric in RECORDED_LOSS.items()},
+                "rules_failing_at_end": round(sum(_one(alert_metrics, metric)
+                                                  for metric in RULE_FAILING))}
     return {"series": int(series), "rss_bytes": rss,
             "bytes_per_series": round(rss / series) if series else None,
-            "samples_per_second": round(inserted / elapsed),
-            "recorded": {**{name: round(_one(alert_metrics, metric) - _one(alert_before, metric))
-                            for name, metric in RECORDED_LOSS.items()},
-                         "rules_failing_at_end": round(sum(_one(alert_metrics, metric)
-                                                           for metric in RULE_FAILING))},
+            "samples_per_second": round(inserted / elapsed), "cores": cores,
+            **({"recorded": recorded} if alert_url else {}),
             **iterations.apply(times.report(missed)), "queries": time_queries(vm, QUERY_BUDGET_S)}
 
 
@@ -422,7 +460,10 @@ def remote_write_tuning() -> list[str]:
             if arg.startswith("-remoteWrite.") and not arg.startswith("-remoteWrite.url=")]
 
 
-def run(nodes: int, store: str, rules: Path, settle: float, measure: float) -> dict[str, Any]:
+def run(nodes: int, store: str, rules: Path | None, settle: float, measure: float
+        ) -> dict[str, Any]:
+    """One store against `nodes` simulated nodes, with `rules` (None: none, the cost of
+    scraping and storing alone)."""
     work = Path(tempfile.mkdtemp(prefix=f"llmmon-capacity-{store}-{nodes}-"))
     procs = Processes(work)
     targets = work / "targets.json"
@@ -440,7 +481,8 @@ def run(nodes: int, store: str, rules: Path, settle: float, measure: float) -> d
     shipped = rules == (ROOT / "alerts" / "rules").resolve()
     exposition = (ROOT / "bench" / "results" / "fleet-node.prom").read_text().splitlines()
     per_node = sum(1 for line in exposition if line and line[0] != "#")
-    return {"nodes": nodes, "store": store, "rule_files": "shipped" if shipped else str(rules),
+    return {"nodes": nodes, "store": store,
+            "rule_files": "none" if rules is None else "shipped" if shipped else str(rules),
             "exposition_series_per_node": per_node,
             "load_average": os.getloadavg()[0], **result}
 
@@ -458,6 +500,25 @@ def _slowest(entry: dict[str, Any]) -> tuple[str, float, float]:
     return name, group["median_s"], group["median_s"] / group["interval_s"]
 
 
+def _slowest_text(entry: dict[str, Any]) -> str:
+    if not entry["groups"]:
+        return "-"
+    name, seconds, share = _slowest(entry)
+    return f"`{name}` {seconds:.2f} s ({share:.0%})"
+
+
+def _cores_text(entry: dict[str, Any]) -> str:
+    """The machine's busy cores over the measured window, then each process's, largest first
+    (runs before 2026-12-06 did not sample them)."""
+    cores = dict(entry.get("cores", {}))
+    if not cores:
+        return "-"
+    machine = cores.pop("machine")
+    parts = [f"{name} {used:.1f}" for name, used in sorted(cores.items(), key=lambda kv: -kv[1])
+             if used >= 0.05]
+    return f"{machine:.1f} ({', '.join(parts)})"
+
+
 def _slowest_query(entry: dict[str, Any], dashboard: str) -> str:
     """The slowest query of a dashboard, or how many did not answer within the bound."""
     queries = [q for q in entry["queries"] if q["dashboard"] == dashboard]
@@ -471,19 +532,19 @@ def docs_block(results: list[dict[str, Any]]) -> str:
     """The measured table and the extrapolation of docs/capacity.md."""
     lines = ["| nodes (8 GPUs) | store | rules | head series | series/node | RSS | bytes/series | "
              "samples/s | slowest rule group (median, % of interval) | missed | "
-             "wall dashboard, slowest query | triage, slowest query | load average |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "wall dashboard, slowest query | triage, slowest query | load average | "
+             f"CPU cores busy, of {os.cpu_count()} (by process) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for entry in sorted(results, key=lambda e: (e["nodes"], e["store"], e.get("rule_files", ""))):
-        name, seconds, share = _slowest(entry)
         missed = sum(g["missed"] for g in entry["groups"].values())
         lines.append(
             f"| {entry['nodes']:,} | {entry['store']} | {entry.get('rule_files', 'shipped')} | "
             f"{entry['series']:,} | "
             f"{entry['series'] // entry['nodes']:,} | {_gib(entry['rss_bytes'])} | "
             f"{entry['bytes_per_series']:,} | {entry['samples_per_second']:,} | "
-            f"`{name}` {seconds:.2f} s ({share:.0%}) | {missed:g} | "
+            f"{_slowest_text(entry)} | {missed:g} | "
             f"{_slowest_query(entry, DASHBOARDS[0])} | {_slowest_query(entry, DASHBOARDS[1])} | "
-            f"{entry.get('load_average', 0):.0f} |")
+            f"{entry.get('load_average', 0):.0f} | {_cores_text(entry)} |")
     lines += ["", extrapolation(results)]
     return "\n".join(lines)
 
@@ -508,7 +569,7 @@ def extrapolation(results: list[dict[str, Any]]) -> str:
                     if e["series"] >= 0.9 * e["nodes"] * e.get("exposition_series_per_node", 0)]
         base = max(complete or measured, key=lambda e: e["nodes"])
         name, seconds, share = _slowest(base)
-        for nodes in (1_250, 12_500):
+        for nodes in (n for n in (1_250, 12_500) if n > base["nodes"]):  # beyond the measured
             factor = nodes / base["nodes"]
             lines.append(f"| {nodes:,} | {nodes * GPUS:,} | {store} | "
                          f"{round(base['series'] * factor):,} | "
@@ -530,6 +591,8 @@ def main() -> int:
     parser.add_argument("--stores", nargs="+", default=["prometheus", "victoriametrics"],
                         choices=["prometheus", "victoriametrics"])
     parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "rules")
+    parser.add_argument("--no-rules", action="store_true",
+                        help="no rules (and no vmalert): what scraping and storing alone cost")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds from start to the first sample (default 60)")
     parser.add_argument("--measure", type=float, default=90.0,
@@ -552,13 +615,14 @@ def main() -> int:
     results = []
     for nodes in args.nodes:
         for store in args.stores:
-            entry = run(nodes, store, args.rules.resolve(), args.settle, args.measure)
+            rules = None if args.no_rules else args.rules.resolve()
+            entry = run(nodes, store, rules, args.settle, args.measure)
             results.append(entry)
-            name, seconds, share = _slowest(entry)
             print(f"{nodes:>5} nodes {store:<16} {entry['series']:>9,} series "
                   f"{_gib(entry['rss_bytes']):>9} {entry['samples_per_second']:>8,}/s  "
-                  f"slowest group {name} {seconds:.2f} s ({share:.0%})  "
-                  f"wall {_slowest_query(entry, DASHBOARDS[0])}", flush=True)
+                  f"slowest group {_slowest_text(entry)}  "
+                  f"wall {_slowest_query(entry, DASHBOARDS[0])}  cores {_cores_text(entry)}",
+                  flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=1) + "\n")
     block = docs_block(results)

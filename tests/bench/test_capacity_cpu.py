@@ -1,0 +1,37 @@
+"""bench/capacity.py's CPU accounting: what each process of a run used, read from /proc."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import capacity  # noqa: E402  (bench/ is not a package)
+
+BUSY_S = 0.5
+DEADLINE_S = 120.0  # a spinning process gets half a second of CPU long before this, however loaded
+
+
+def test_cores_used_tell_a_spinning_process_from_a_sleeping_one(tmp_path: Path) -> None:
+    procs = capacity.Processes(tmp_path)
+    try:
+        procs.start("spinning", [sys.executable, "-c", "while True: pass"])
+        procs.start("sleeping", [shutil.which("sleep") or "sleep", "600"])
+        before, started = procs.cpu_seconds(), time.monotonic()
+        after = before
+        while after["spinning"] - before["spinning"] < BUSY_S:
+            assert time.monotonic() - started < DEADLINE_S, "the spinning process got no CPU"
+            time.sleep(0.05)
+            after = procs.cpu_seconds()
+        cores = capacity.cores_used(before, after, time.monotonic() - started)
+        assert cores["spinning"] > 0
+        assert after["sleeping"] - before["sleeping"] <= 0.05  # its exec's last ticks at most
+        # The machine's busy time includes the spinning process's (both in clock ticks).
+        assert after["machine"] - before["machine"] >= 0.9 * (after["spinning"] - before["spinning"])
+    finally:
+        procs.stop()
+    assert procs.started == []
