@@ -101,7 +101,7 @@ class Processes:
         used = {name: _cpu_seconds(process.pid) for name, process in self.started
                 if process.poll() is None}
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle, iowait
+        idle = fields[3] + fields[4]  # idle, iowait; steal (the hypervisor's) counts as busy
         return {**used, "machine": (sum(fields[:8]) - idle) / CLOCK_TICKS}
 
     def stop(self) -> None:
@@ -416,6 +416,7 @@ def run_victoria(procs: Processes, targets: Path, rules: Path | None, settle: fl
     times, iterations = RuleTimes(), Iterations()
     before, started, cpu = _metrics(vm), time.monotonic(), procs.cpu_seconds()
     alert_before = _metrics(alert_url) if alert_url else {}
+
     def probe() -> None:
         if alert_url:
             times.sample(alert_url)
@@ -590,9 +591,10 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[125, 250, 500, 1000])
     parser.add_argument("--stores", nargs="+", default=["prometheus", "victoriametrics"],
                         choices=["prometheus", "victoriametrics"])
-    parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "rules")
-    parser.add_argument("--no-rules", action="store_true",
-                        help="no rules (and no vmalert): what scraping and storing alone cost")
+    which_rules = parser.add_mutually_exclusive_group()
+    which_rules.add_argument("--rules", type=Path, default=ROOT / "alerts" / "rules")
+    which_rules.add_argument("--no-rules", action="store_true",
+                             help="no rules (and no vmalert): what scraping and storing alone cost")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds from start to the first sample (default 60)")
     parser.add_argument("--measure", type=float, default=90.0,
