@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import capacity  # noqa: E402  (bench/ is not a package)
+import capacity  # noqa: E402  (bench/capacity.py is a script; this directory is not named bench,
+# which would shadow the bench package the fault tests import)
 
 BUSY_S = 0.5
 DEADLINE_S = 120.0  # a spinning process gets half a second of CPU long before this, however loaded
