@@ -97,17 +97,22 @@ def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
 
 def flush_retired(reporter: object, timeout: float = 60.0) -> None:
     """Flush the reporter once gloo has retired every record of the ring (a moment after the
-    last collective returns; at most `timeout` seconds, each wait): the flush sees the last
+    last collective returns; at most `timeout` seconds, each wait): the flushes see the last
     collective done, as later ticks would.  The bound is long because a rank that exits next
     (`--behaviour exit`) loses a flush cut short; with 10 s bounds a CI run under a CPU hog once
-    saw such a rank's last two collectives unreported (the cause was not isolated)."""
+    saw such a rank's last two collectives unreported.  Two flushes: when gloo's two threads
+    finish the last collectives out of order its completed number stays one behind, and the
+    reporter counts the last one done only when two ring reads in a row agree
+    (llmmon_reporter/settle.py); one flush is one read, and a CI run under a CPU hog saw an
+    exiting rank's last collective reported unfinished (9 of 10)."""
     dump = torch._C._distributed_c10d._dump_fr_trace_json
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not all(
             e.get("retired") for e in json.loads(dump()).get("entries", ())):
         time.sleep(0.01)
     if reporter is not None:
-        reporter.flush(timeout)  # type: ignore[attr-defined]
+        for _ in range(2):
+            reporter.flush(timeout)  # type: ignore[attr-defined]
 
 
 def freeze(reporter: object) -> None:
