@@ -9,6 +9,7 @@ import re
 import pytest
 
 from alerts import render
+from exporter.options import parse_duration
 from tests.conftest import markdown_sections
 
 # The decision tree, one name per branch: the list of docs/design.md#alert-names (its last
@@ -40,7 +41,6 @@ RUNBOOKS = render.ROOT / "docs" / "runbooks.md"
 METRIC = re.compile(r"(?<![\w:])(llmmon_\w+|up)(?![\w:])")
 SELECTOR = re.compile(r"(?<![\w:])(llmmon_\w+)\{([^}]*)\}")
 MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
-UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 # Alerts that wait 10 minutes or more yet run in a 15 s group, and why (alerts/config.yaml,
 # trend_rules_interval, says where the others run).
 SLOW_ALERTS_AT_15S = {
@@ -63,8 +63,9 @@ def _runbook_sections() -> dict[str, str]:
     return {_slug(section.splitlines()[0]): section for section in sections}
 
 
-def _seconds(duration: str) -> float:
-    return sum(int(n) * UNITS_S[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdwy])", duration))
+def _waits_seconds(rule: dict) -> float:
+    """The rule's `for:` in seconds; parse_duration refuses zero, which waits nothing."""
+    return 0.0 if rule.get("for", "0s") == "0s" else parse_duration(rule["for"])
 
 
 def test_an_alert_that_waits_ten_minutes_runs_once_a_minute(rendered: render.Rendered) -> None:
@@ -73,7 +74,7 @@ def test_an_alert_that_waits_ten_minutes_runs_once_a_minute(rendered: render.Ren
     slow_at_15s = {rule["alert"] for content in rendered.files.values()
                    for group in content["groups"] if "interval" not in group
                    for rule in group["rules"]
-                   if "alert" in rule and _seconds(rule.get("for", "0s")) >= 600}
+                   if "alert" in rule and _waits_seconds(rule) >= 600}
     assert slow_at_15s == set(SLOW_ALERTS_AT_15S)
 
 
