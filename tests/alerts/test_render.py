@@ -25,8 +25,12 @@ def test_a_changed_rule_file_is_stale(rendered: render.Rendered, tmp_path: Path)
     assert render.stale(render.render_files(rendered, tmp_path, None)) == [tmp_path / "alerts.yaml"]
 
 
-def _alerts(rendered: render.Rendered) -> list[dict]:
+def _rules(rendered: render.Rendered) -> list[dict]:
     return [rule for group in rendered.files["alerts.yaml"]["groups"] for rule in group["rules"]]
+
+
+def _alerts(rendered: render.Rendered) -> list[dict]:
+    return [rule for rule in _rules(rendered) if "alert" in rule]
 
 
 def _without_intervals(files: dict) -> dict:
@@ -71,11 +75,16 @@ def test_for_override_rules_page_a_hang_within_seconds(tmp_path: Path) -> None:
 
 
 def test_set_overrides_a_threshold() -> None:
-    rules = _alerts(render.render(render.load_thresholds(overrides={"hang_window_seconds": 20})))
-    hang = [rule["expr"] for rule in rules if rule["alert"] == "LLMTrainingHang"]
-    assert len(hang) == 5 and not any("> 180" in expr for expr in hang)
-    # every rule but no_rank_enqueues' (a working rank holds that one off for good)
-    assert sum("> 20)" in expr for expr in hang) == 4
+    rules = _rules(render.render(render.load_thresholds(overrides={"hang_window_seconds": 20})))
+    hang = [rule["expr"] for rule in rules if rule.get("alert") == "LLMTrainingHang"]
+    gate = [rule["expr"] for rule in rules
+            if rule.get("record") == "job_id_pg:llmmon_nccl_stalled_seconds:over_threshold"]
+    assert len(hang) == 5 and len(gate) == 1 and not any("180" in expr for expr in hang + gate)
+    # the gate of every rule but no_rank_enqueues' (a working rank holds that one off for good)
+    assert "> 20)" in gate[0]
+    assert sum("stalled_seconds:over_threshold" in expr for expr in hang) == 4
+    # a busy rank behind pages once its group has progressed nothing for the window
+    assert sum("< 20)" in expr for expr in hang) == 1
 
 
 def test_a_group_interval_is_listed_for_every_rule_of_its_group(rendered: render.Rendered) -> None:
