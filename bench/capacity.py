@@ -11,11 +11,12 @@ one store at a time so that their memory does not add up on one machine:
 
 waits `--settle` seconds, then samples for `--measure` seconds: head (active) series, RSS,
 bytes per series, samples per second ingested, every rule group's and every rule's evaluation
-time (the median and the largest over the window) and missed iterations, the CPU cores each
-process (fleet, scraper, store, ruler) and the whole machine used over the window, and the
-latency of every query of the wall and triage dashboards (from dashboards/*.json at their
-default time range, step = range / 1000 points rounded to at least the 15 s scrape interval, as
-Grafana computes it; `$__rate_interval` = 4 scrape intervals, every template variable = All).
+time (the median and the largest over the window) and iterations missed in the window (and
+since the ruler started), the CPU cores each process (fleet, scraper, store, ruler) and the
+whole machine used over the window, and the latency of every query of the wall and triage
+dashboards (from dashboards/*.json at their default time range, step = range / 1000 points
+rounded to at least the 15 s scrape interval, as Grafana computes it; `$__rate_interval` = 4
+scrape intervals, every template variable = All).
 
 Writes bench/results/capacity.json; `--write-docs` regenerates the measured block of
 docs/capacity.md (the table and the extrapolation).  Rules come from alerts/rules/ unless
@@ -69,9 +70,14 @@ def _get(url: str, timeout: float = 120.0) -> bytes:
 
 
 def _metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """A server's own /metrics: name -> [(labels, value)]."""
+    """A server's own /metrics."""
+    return parse_metrics(_get(url + "/metrics").decode())
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """An exposition: sample name -> [(labels, value)]."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out.setdefault(sample.name, []).append((sample.labels, sample.value))
     return out
@@ -215,17 +221,28 @@ class RuleTimes:
                 key = (name, f"{index}:{_rule_name(rule)}")
                 self.rules.setdefault(key, []).append(float(rule.get("evaluationTime", 0)))
 
-    def report(self, missed: dict[str, float]) -> dict[str, Any]:
+    def report(self, missed: dict[str, dict[str, float]]) -> dict[str, Any]:
         return {
             "groups": {name: {"interval_s": self.intervals[name],
                               "median_s": round(statistics.median(times), 4),
                               "max_s": round(max(times), 4), "iterations": len(times),
-                              "missed": missed.get(name, 0)}
+                              **missed.get(name, {"missed": 0, "missed_since_start": 0})}
                        for name, times in sorted(self.groups.items())},
             "rules": [{"group": group, "rule": rule.split(":", 1)[1],
                        "median_s": round(statistics.median(times), 4),
                        "max_s": round(max(times), 4)}
                       for (group, rule), times in sorted(self.rules.items())]}
+
+
+def missed_iterations(before: dict, after: dict, metric: str,
+                      label: str) -> dict[str, dict[str, float]]:
+    """Per group: iterations missed over the measured window, and since the ruler started (its
+    first minutes, while the store takes in the fleet's first scrapes, included)."""
+    def per_group(metrics: dict) -> dict[str, float]:
+        return {labels[label].rsplit(";", 1)[-1]: value for labels, value in metrics.get(metric, [])}
+    start = per_group(before)
+    return {group: {"missed": total - start.get(group, 0), "missed_since_start": total}
+            for group, total in per_group(after).items()}
 
 
 class Iterations:
@@ -308,8 +325,8 @@ def run_prometheus(procs: Processes, targets: Path, rules: Path | None, settle: 
     cores = cores_used(cpu, procs.cpu_seconds(), elapsed)
     series = _one(after, "prometheus_tsdb_head_series")
     rss = _rss_bytes(process.pid)
-    missed = {ls["rule_group"].rsplit(";", 1)[-1]: v for ls, v in
-              after.get("prometheus_rule_group_iterations_missed_total", [])}
+    missed = missed_iterations(before, after, "prometheus_rule_group_iterations_missed_total",
+                               "rule_group")
     appended = (_one(after, "prometheus_tsdb_head_samples_appended_total")
                 - _one(before, "prometheus_tsdb_head_samples_appended_total"))
     return {"series": int(series), "rss_bytes": rss,
@@ -428,7 +445,7 @@ def run_victoria(procs: Processes, targets: Path, rules: Path | None, settle: fl
     alert_metrics = _metrics(alert_url) if alert_url else {}
     series = _one(after, "vm_cache_entries", type="storage/hour_metric_ids")
     rss = _rss_bytes(process.pid)
-    missed = {ls["group"]: v for ls, v in alert_metrics.get("vmalert_iteration_missed_total", [])}
+    missed = missed_iterations(alert_before, alert_metrics, "vmalert_iteration_missed_total", "group")
     inserted = (_one(after, "vm_rows_inserted_total", type="promremotewrite")
                 - _one(before, "vm_rows_inserted_total", type="promremotewrite"))
     recorded = {**{name: round(_one(alert_metrics, metric) - _one(alert_before, metric))

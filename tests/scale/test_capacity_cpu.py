@@ -1,4 +1,5 @@
-"""bench/capacity.py's CPU accounting: what each process of a run used, read from /proc."""
+"""bench/capacity.py's accounting: what each process of a run used (read from /proc), and the
+iterations a ruler missed over the measured window."""
 
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def test_cores_used_tell_a_spinning_process_from_a_sleeping_one(tmp_path: Path) 
     finally:
         procs.stop()
     assert procs.started == []
+
+
+def test_missed_iterations_count_the_window_apart_from_the_start() -> None:
+    """Iterations missed while the store took in the fleet's first scrapes are not the
+    window's: it counts the difference, and the count since the start is kept beside it."""
+    head = "# TYPE prometheus_rule_group_iterations_missed_total counter\n"
+    line = 'prometheus_rule_group_iterations_missed_total{{rule_group="/r/alerts.yaml;{}"}} {}\n'
+    before = capacity.parse_metrics(head + line.format("llmmon.training", 3) + line.format("llmmon.gpu", 1))
+    after = capacity.parse_metrics(head + line.format("llmmon.training", 3) + line.format("llmmon.gpu", 2)
+                                   + line.format("llmmon.node", 1))
+    missed = capacity.missed_iterations(before, after, "prometheus_rule_group_iterations_missed_total",
+                                        "rule_group")
+    assert missed == {"llmmon.training": {"missed": 0, "missed_since_start": 3},
+                      "llmmon.gpu": {"missed": 1, "missed_since_start": 2},
+                      "llmmon.node": {"missed": 1, "missed_since_start": 1}}
