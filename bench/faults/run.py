@@ -281,14 +281,23 @@ def said(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write_doc(results: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def measured(metas: list[dict[str, Any]]) -> str:
+    """How each run of the table was made; a class of a later run replaces the earlier one's."""
+    runs = [f"{m['finished']} on {m['machine']}, `--parallel {m['parallel']}`"
+            + (f", healthy run {m['healthy_s']:.0f} s" if "healthy" in m["classes"] else "")
+            + f", classes `{','.join(m['classes'])}`" for m in metas]
+    if len(runs) == 1:
+        return f"Measured {runs[0]}."
+    return ("Measured " + "; then ".join(runs)
+            + ". A class of a later run replaces the earlier run's row.")
+
+
+def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> None:
     table = "\n".join([HEADER, *map(row, results)])
     text = DOC.read_text(encoding="utf-8")
     head, _, rest = text.partition(MARK)
     _, _, tail = rest.partition(MARK)
-    body = (f"{MARK}\nMeasured {meta['finished']} on {meta['machine']}, healthy run "
-            f"{meta['healthy_s']:.0f} s, `--parallel {meta['parallel']}`, classes "
-            f"`{','.join(meta['classes'])}`.\n\n{table}\n\nWhat each source said first:\n\n"
+    body = (f"{MARK}\n{measured(metas)}\n\n{table}\n\nWhat each source said first:\n\n"
             f"{said(results)}\n{MARK}")
     DOC.write_text(head + body + tail, encoding="utf-8")
 
@@ -322,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 saved["results"] = [recheck_cause(r, known) for r in saved["results"]]
             merged.update((r["class"], r) for r in saved["results"])
         order = [c.name for c in classes(0)]
-        meta = {**metas[0], "finished": " and ".join(m["finished"] for m in metas),
-                "classes": [c for c in order if c in merged]}
-        report(sorted(merged.values(), key=lambda r: order.index(r["class"])), meta, args.docs)
+        report(sorted(merged.values(), key=lambda r: order.index(r["class"])), metas, args.docs)
         return 0
     wanted = [c for c in args.classes.split(",") if c]
     unknown = set(wanted) - {c.name for c in every}
@@ -351,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             "cause_without_job_id": True}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    report(results, meta, args.docs)
+    report(results, [meta], args.docs)
     return 0
 
 
@@ -374,13 +381,13 @@ def recheck_cause(r: dict[str, Any], known: dict[str, FaultClass]) -> dict[str, 
     return r
 
 
-def report(results: list[dict[str, Any]], meta: dict[str, Any], docs: bool) -> None:
+def report(results: list[dict[str, Any]], metas: list[dict[str, Any]], docs: bool) -> None:
     print("\n" + HEADER)
     for r in results:
         print(row(r))
     print("\n" + said(results))
     if docs:
-        write_doc(results, meta)
+        write_doc(results, metas)
 
 
 if __name__ == "__main__":
