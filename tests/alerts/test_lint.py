@@ -87,6 +87,7 @@ def test_recording_groups_run_once_a_minute_or_less_often(rendered: render.Rende
                  and parse_duration(group.get("interval", "15s")) < 60}
     assert not every_15s
 
+
 def test_alert_names_are_the_design_names(alert_rules: list[dict]) -> None:
     assert {rule["alert"] for rule in alert_rules} == \
         DESIGN_ALERTS | EXTENDED_ALERTS | HEALTH_ALERTS
