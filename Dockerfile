@@ -19,7 +19,7 @@ RUN apt-get update -qq \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-COPY reporter/llmmon_reporter ./reporter/llmmon_reporter
+COPY reporter ./reporter
 COPY scripts/install.sh ./scripts/install.sh
 RUN python3.11 -m venv /opt/llmmon \
  && PYTHON=/opt/llmmon/bin/python scripts/install.sh \

@@ -55,7 +55,7 @@ def daemon_parts(pid: int) -> dict[str, int]:
                 command = cmdline.read()
         except (OSError, ValueError):
             continue
-        if ppid == pid and "llmmon.collectprocess" in command:
+        if ppid == pid and "llmmon.serve.child" in command:
             parts["collector"] = int(entry)
     return parts
 

@@ -36,7 +36,7 @@ from llmmon.collectors.gpu import GpuCollector  # noqa: E402
 from llmmon.gpu.power import PowerSampler  # noqa: E402
 from llmmon.sources.nvml import VIOLATION_POLICIES  # noqa: E402
 from llmmon.sources.nvml_open import open_nvml  # noqa: E402
-from llmmon.sampler import render  # noqa: E402
+from llmmon.exposition import render  # noqa: E402
 from tests.core.helpers import make_collector  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "nvml" / "h200x8"

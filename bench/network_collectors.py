@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from llmmon.collector import Context  # noqa: E402
 from llmmon.collectors.nic import NicCollector  # noqa: E402
 from llmmon.collectors.rdma import RdmaCollector  # noqa: E402
-from llmmon.sampler import render  # noqa: E402
+from llmmon.exposition import render  # noqa: E402
 from tests.core.helpers import make_collector  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"

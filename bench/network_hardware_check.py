@@ -22,7 +22,7 @@ from llmmon.collectors.netdev import NetdevCollector  # noqa: E402
 from llmmon.collectors.nic import NicCollector  # noqa: E402
 from llmmon.collectors.rdma import RdmaCollector  # noqa: E402
 from llmmon.collectors.topology import PEER_MEMORY_MODULES, TopologyCollector  # noqa: E402
-from llmmon.sampler import render  # noqa: E402
+from llmmon.exposition import render  # noqa: E402
 from llmmon.sources import pci  # noqa: E402
 from llmmon.sources.fs import RootedFS  # noqa: E402
 from llmmon.sources.nvml import NvmlUnavailable, list_gpus  # noqa: E402

@@ -32,7 +32,7 @@ from llmmon.collectors.ranks import RanksCollector  # noqa: E402
 from llmmon.config import collector_options  # noqa: E402
 from llmmon_reporter import entrylog, layout, spoolfile  # noqa: E402
 from llmmon_reporter.flight import ranges  # noqa: E402
-from llmmon.sampler import render  # noqa: E402
+from llmmon.exposition import render  # noqa: E402
 from llmmon.sources.fs import RootedFS  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "nccl" / "h200_flight_recorder.json"

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from exporter.options import parse_duration  # noqa: E402  (bench/ is not a package)
+from llmmon.options import parse_duration  # noqa: E402
 
 EVALUATION_INTERVAL_S = 15.0
 SELECTOR = re.compile(r"(?<![\w:])(llmmon_\w+)(?:\{([^}]*)\})?")

@@ -2,8 +2,9 @@
 # The one install script: the Dockerfile's build stage and .ci/run both run it, so the image and
 # CI install the same things the same way.
 #
-#   scripts/install.sh          llmmon and its runtime dependencies (pinned in pyproject.toml)
-#   scripts/install.sh --test   also, editable, the test extra; torch for the multi-process
+#   scripts/install.sh          llmmon, the reporter it depends on (reporter/) and its runtime
+#                               dependencies (pinned in pyproject.toml)
+#   scripts/install.sh --test   instead, both editable, with the test extra; torch for the multi-process
 #                               reporter tests; and, with apt-get, only what is missing of
 #                               Debian's prometheus, prometheus-alertmanager, victoria-metrics
 #                               (with vmagent and vmalert), openssl, systemd, iproute2 (ip:
@@ -40,7 +41,7 @@ done
 pip=("$python" -m pip install --disable-pip-version-check --no-input)
 
 if [ "$test" -eq 0 ]; then
-  "${pip[@]}" .
+  "${pip[@]}" ./reporter .
   exit 0
 fi
 
@@ -65,4 +66,4 @@ command -v kubectl >/dev/null || echo "install.sh: kubectl is not installed; the
 if [ -n "$torch" ]; then
   "${pip[@]}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch"
 fi
-"${pip[@]}" -e '.[test]'
+"${pip[@]}" -e ./reporter -e '.[test]'

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,34 +22,21 @@ GOLDEN = ROOT / "tests" / "golden"
 REGEN = os.environ.get("LLMMON_REGEN_GOLDEN") == "1"
 
 
-def _source_path() -> Path:
-    """A directory that imports this checkout's packages under their names (llmmon from
-    exporter/, llmmon_reporter from reporter/), first on every path: the suite tests the tree it
-    runs from, also in a second worktree while the editable install points at another. Made
-    once per session and process tree: this module can be imported under two names."""
-    made = os.environ.get("LLMMON_TEST_SOURCE", "")
-    if made and (Path(made) / "llmmon").resolve() == (ROOT / "exporter").resolve():
-        return Path(made)
-    where = Path(tempfile.mkdtemp(prefix="llmmon-source-"))
-    os.environ["LLMMON_TEST_SOURCE"] = str(where)
-    (where / "llmmon").symlink_to(ROOT / "exporter", target_is_directory=True)
-    (where / "llmmon_reporter").symlink_to(ROOT / "reporter" / "llmmon_reporter",
-                                           target_is_directory=True)
-    atexit.register(shutil.rmtree, where, True)
-    return where
-
-
-SOURCE = _source_path()
-if str(SOURCE) not in sys.path:
-    sys.path.insert(0, str(SOURCE))
+# This checkout's packages first on every path, for pytest and for every child it starts: the
+# suite tests the tree it runs from, also in a second worktree while the editable install points
+# at another.
+SOURCES = [str(ROOT / "exporter"), str(ROOT / "reporter")]
+for _source in reversed(SOURCES):
+    if _source not in sys.path:
+        sys.path.insert(0, _source)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(SOURCE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                     if p and p != str(SOURCE)])
+    SOURCES + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p and p not in SOURCES])
 
 
 def pythonpath() -> str:
     """PYTHONPATH for a child that imports llmmon and the tests' helpers from this checkout."""
-    return os.pathsep.join([str(SOURCE), str(ROOT)])
+    return os.pathsep.join(SOURCES + [str(ROOT)])
 
 
 def markdown_sections(page: Path) -> dict[str, str]:
@@ -87,7 +71,7 @@ def compare_golden(name: str, actual: str) -> None:
     assert actual == expected, f"exposition differs from {path} (LLMMON_REGEN_GOLDEN=1 to accept)"
 
 
-class Server:
+class ServeProcess:
     """A real `llmmon serve` process on 127.0.0.1, stopped by PID at the end."""
 
     def __init__(self, args: list[str], log_path: Path, **popen: Any) -> None:
@@ -149,10 +133,10 @@ class Server:
 def serve(tmp_path: Path) -> Iterator:
     """Start `llmmon serve ARGS...` (keywords go to Popen) and wait until it answers; stopped
     after the test."""
-    servers: list[Server] = []
+    servers: list[ServeProcess] = []
 
-    def start(*args: str, **popen: Any) -> Server:
-        server = Server(list(args), tmp_path / f"serve-{len(servers)}.log", **popen)
+    def start(*args: str, **popen: Any) -> ServeProcess:
+        server = ServeProcess(list(args), tmp_path / f"serve-{len(servers)}.log", **popen)
         servers.append(server)
         server.wait_ready()
         return server

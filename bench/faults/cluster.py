@@ -37,16 +37,12 @@ SCRAPE = "15s"  # deploy/prometheus/prometheus.yml's scrape and evaluation inter
 
 
 def pythonpath() -> str:
-    """This checkout's code first (the .src symlinks of HELPERS.md, else the checkout's folders),
+    """This checkout's code first (its source folders, then the checkout for bench and tests),
     then the caller's own path (where a device run put the exporter's dependencies)."""
-    src = CHECKOUT / ".src"
-    if not (src / "llmmon").exists():
-        src.mkdir(exist_ok=True)
-        (src / "llmmon").symlink_to("../exporter")
-        (src / "llmmon_reporter").symlink_to("../reporter/llmmon_reporter")
+    ours = [str(CHECKOUT / "exporter"), str(CHECKOUT / "reporter"), str(CHECKOUT)]
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                 if p and p not in (str(src), str(CHECKOUT))]
-    return os.pathsep.join([str(src), str(CHECKOUT), *inherited])
+                 if p and p not in ours]
+    return os.pathsep.join([*ours, *inherited])
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -93,7 +89,7 @@ class Cluster:
     names: tuple[str, ...] = NODES
     alerting: bool = True  # Prometheus and Alertmanager too (the H200 variant has neither)
     nodes: list[Node] = field(default_factory=list)
-    servers: list[stack.Server] = field(default_factory=list)
+    servers: list[stack.ServiceProcess] = field(default_factory=list)
     receiver: stack.WebhookReceiver | None = None
 
     @property

@@ -1,7 +1,7 @@
 """Fault-injection benchmark: which rank hung or slowed, why, and how fast each source said so.
 
-    PYTHONPATH=.src python -m bench.faults.run                 # every class, 30-minute healthy run
-    PYTHONPATH=.src python -m bench.faults.run --classes loader,sigstop --healthy 120
+    PYTHONPATH=exporter:reporter python -m bench.faults.run                 # every class, 30-minute healthy run
+    PYTHONPATH=exporter:reporter python -m bench.faults.run --classes loader,sigstop --healthy 120
 
 Runs real torchrun/gloo jobs under `llmmon launch` over two simulated nodes (bench/faults/
 cluster.py), injects one fault per job after a healthy warm-up (bench/faults/trainer.py) and

@@ -203,7 +203,7 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
 
     Without prometheus_client on the machine the same ledger is read directly (the numbers
     the collector would render)."""
-    from llmmon.ranks.hang import evidence
+    from llmmon.ranks.stall import evidence
 
     now = time.time()
     if prometheus_available():
@@ -211,7 +211,7 @@ def exported(spool: Path, work: Path, out: Path) -> tuple[dict[tuple[str, str], 
 
         from llmmon.collector import Context, Environment
         from llmmon.collectors.ranks import RanksCollector
-        from llmmon.sampler import render
+        from llmmon.exposition import render
         from llmmon.sources.fs import RootedFS
 
         from llmmon.config import collector_options

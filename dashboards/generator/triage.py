@@ -33,7 +33,7 @@ HEIGHT = 7
 
 
 @dataclass(frozen=True)
-class Branch:
+class TriageRow:
     title: str
     job_alerts: tuple[str, ...]  # alerts labelled with job_id
     node_alerts: tuple[str, ...]  # alerts labelled with node only
@@ -44,7 +44,7 @@ class Branch:
         return self.job_alerts + self.node_alerts
 
 
-def verdict(branch: Branch):
+def verdict(branch: TriageRow):
     selectors = []
     if branch.job_alerts:
         selectors.append(m("ALERTS", f'alertname=~"{"|".join(branch.job_alerts)}"', "job_id"))
@@ -123,42 +123,42 @@ def report_age(**size):
 
 
 BRANCHES = (
-    Branch("1. Precision: does the job train in BF16?",
+    TriageRow("1. Precision: does the job train in BF16?",
            ("LLMTrainingNotBF16", "LLMTrainingLossNonFinite"), (),
            ((dtype_bytes, 10), (nonfinite_losses, 10))),
-    Branch("2. Memory: out of memory, or about to be?",
+    TriageRow("2. Memory: out of memory, or about to be?",
            ("GPUMemoryOOM", "GPUMemoryOOMRisk", "GPUMemoryFragmentation"), (),
            ((job.allocator_memory, 5), (job.fragmentation, 5), (job.reserved_share, 5),
             (job.retries_ooms, 5))),
-    Branch("3a. Starvation: is MFU low, or does GPU power dip every few seconds?",
+    TriageRow("3a. Starvation: is MFU low, or does GPU power dip every few seconds?",
            ("LLMTrainingMFULow", "GPUDataLoaderStarvation"), ("DiskReadSaturated",),
            ((job.mfu, 5), (node.instant_power, 5), (node.power_dips, 5),
             (node.disk_latency, 5), (node.disk_iops, 8), (node.disk_throughput, 8),
             (node.disk_pressure, 8))),
-    Branch("3b. Hang: did traffic stop and every GPU go idle?",
+    TriageRow("3b. Hang: did traffic stop and every GPU go idle?",
            ("LLMTrainingHang", "LLMTrainingDesync", "LLMTrainingHangNodes",
             "LLMTrainingHangSuspected"),
            ("GPULost", "GPUXidError", "GPUEccUncorrectable"),
            ((job.time_since_progress, 5), (job.ranks_behind, 5), (job_gpu_power, 5),
             (node.rdma_traffic, 5), (node.rdma_loss, 8), (node.link_flaps, 8),
             (node.gpu_errors, 8))),
-    Branch("3c. Thermal: is one card low against its peers?",
+    TriageRow("3c. Thermal: is one card low against its peers?",
            ("GPUPowerBelowPeers",), ("GPUThermalThrottle",),
            ((power_vs_peers, 7), (node.temperature, 7), (node.clock_reasons, 6))),
-    Branch("4. Network checklist: is collective bandwidth what it should be?",
+    TriageRow("4. Network checklist: is collective bandwidth what it should be?",
            ("NCCLNotUsingRDMA", "LLMTrainingStraggler", "LLMTrainingNetworkSlow"),
            ("GPUDirectRDMADisabled", "RDMAPFCStorm", "RDMAPacketLoss", "RDMACongestion",
             "RDMALinkDown", "RDMALinkFlapping"),
            ((rdma_vs_tcp, 7), (node.nic_paths, 7), (node.gpudirect, 6), (job.busbw, 6),
             (node.pfc_pause, 6), (node.rdma_congestion, 6), (job.straggler_score, 6),
             (job.pace, 6), (job.tcp_loss, 6))),
-    Branch("5. Node health: must a GPU or node be repaired, or is a link degrading?", (),
+    TriageRow("5. Node health: must a GPU or node be repaired, or is a link degrading?", (),
            ("GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
             "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",
             "RDMALinkDegraded", "LLMNodeLemon", "GPUFabricUnhealthy"),
            ((health.xid_actions, 5), (health.memory_repair, 5), (health.pcie_links, 5),
             (health.link_errors, 5), (health.rdma_link_quality, 24))),
-    Branch("Monitoring coverage: can the evidence above be trusted?",
+    TriageRow("Monitoring coverage: can the evidence above be trusted?",
            ("LLMMonReporterStale",), ("LLMMonExporterDown", "LLMMonCollectorFailing"),
            ((node.collector_health, 10), (report_age, 10))),
 )

@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any, Callable, Mapping
 
-from llmmon_reporter import layout, pace, spoolfile
+from llmmon_reporter import layout, timeslice, spoolfile
 
 KIND = "entries-log"
 MAX_BYTES = 2 << 20  # rewritten whole past this: ~3 rings of 2,000 projected records
@@ -52,18 +52,18 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-Read = Callable[[pace.Keep], Mapping[str, Any]]  # a ring read keeping what `keep` makes of each
+Read = Callable[[timeslice.Keep], Mapping[str, Any]]  # a ring read keeping what `keep` makes of each
 
 
 def of(ring: Mapping[str, Any]) -> Read:
     """An already decoded ring as a read (the simulator's and the benches')."""
-    def read(keep: pace.Keep) -> Mapping[str, Any]:
+    def read(keep: timeslice.Keep) -> Mapping[str, Any]:
         entries = ring.get("entries") or ()
         ids = [e["record_id"] for e in entries
                if isinstance(e, dict) and isinstance(e.get("record_id"), int)]
         if ids and isinstance(keep, _Selection):
             keep.limit(max(ids))
-        return {**ring, "entries": pace.sift(entries, keep, None)}
+        return {**ring, "entries": timeslice.sift(entries, keep, None)}
     return read
 
 
@@ -128,7 +128,7 @@ def _checked(text: str, pos: int, key: int, record: int) -> int:
     """The start of the element whose `"record_id":` is at `key`, if it decodes to that record;
     else `pos`."""
     start = text.rfind("{", pos, key) if key >= 0 else -1
-    found = pace.element_at(text, start) if start >= 0 else None
+    found = timeslice.element_at(text, start) if start >= 0 else None
     return start if isinstance(found, dict) and found.get("record_id") == record else pos
 
 

@@ -17,7 +17,7 @@ import json
 import pickle
 from typing import Any, Callable
 
-from llmmon_reporter import entrylog, pace
+from llmmon_reporter import entrylog, timeslice
 from llmmon_reporter.native import NativeDump
 
 NCCL_API = "_dump_nccl_trace_json"
@@ -35,12 +35,12 @@ class FlightRecorder:
     """The three reads the reporter makes, on the cadences the caller decides."""
 
     def __init__(self, c10d: Any, api: str, native: NativeDump | None = None,
-                 paced: pace.Pace | None = None) -> None:
+                 paced: timeslice.TimeSlice | None = None) -> None:
         self.api = api
         self._dump: Callable[..., bytes] = getattr(c10d, api)
         self._pickled: Callable[..., bytes] | None = getattr(c10d, PICKLED[api], None)
         self._native = native if native is not None and _agrees(native, self._dump) else None
-        self._pace = paced or pace.Pace()
+        self._pace = paced or timeslice.TimeSlice()
 
     @property
     def native(self) -> bool:
@@ -62,17 +62,17 @@ class FlightRecorder:
         """The whole ring as JSON (for dump files): 44-77 ms and ~1 MB for 2000 NCCL entries."""
         return (self._native or self._dump)(includeCollectives=True, onlyActive=False)
 
-    def ring(self, keep: pace.Keep) -> dict[str, Any]:
+    def ring(self, keep: timeslice.Keep) -> dict[str, Any]:
         """The ring's members, `entries` holding only what `keep` makes of each record."""
         return self._read(False, keep)
 
-    def _read(self, only_active: bool, keep: pace.Keep) -> dict[str, Any]:
+    def _read(self, only_active: bool, keep: timeslice.Keep) -> dict[str, Any]:
         """Without the GIL and record by record where native; else through the pickle form,
         without stack traces, where this torch has it.  The pickle is torch's own output in
         this process (never a file), so unpickling it trusts nothing it did not already."""
         if self._native is not None:
             blob = self._native(includeCollectives=True, onlyActive=only_active)
-            return pace.decode(blob, self._pace, keep=keep, seek=getattr(keep, "seek", None))
+            return timeslice.decode(blob, self._pace, keep=keep, seek=getattr(keep, "seek", None))
         if self._pickled is not None:
             doc = pickle.loads(self._pickled(includeCollectives=True, includeStackTraces=False,
                                              onlyActive=only_active))
@@ -80,7 +80,7 @@ class FlightRecorder:
             doc = json.loads(self._dump(includeCollectives=True, onlyActive=only_active))
         doc = doc if isinstance(doc, dict) else {}
         entries = doc.get("entries")
-        doc["entries"] = pace.sift(entries if isinstance(entries, list) else (), keep,
+        doc["entries"] = timeslice.sift(entries if isinstance(entries, list) else (), keep,
                                    self._pace)
         return doc
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, layout, native, \
     spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
-from llmmon_reporter.pace import Pace
+from llmmon_reporter.timeslice import TimeSlice
 from llmmon_reporter.settle import Settled
 from llmmon_reporter.stepstats import StepStats
 
@@ -65,7 +65,7 @@ def _progress(status: bytes) -> dict[str, tuple[int, int]]:
 class _Session:
     """What the reporter learns once the job's default process group exists."""
 
-    def __init__(self, torch: Any, env: Mapping[str, str], spool: str, pace: Pace) -> None:
+    def __init__(self, torch: Any, env: Mapping[str, str], spool: str, pace: TimeSlice) -> None:
         dist = torch.distributed
         self.torch = torch
         self.c10d = dist.distributed_c10d
@@ -136,7 +136,7 @@ class Reporter:
         self._inflight: bytes | None = None
         self._status: bytes | None = None  # the last status dump, for the exit record
         self._meter = activity.Meter()
-        self._pace = Pace()
+        self._pace = TimeSlice()
         self._activity: dict[str, Any] | None = None
         self._stack: list[dict[str, Any]] | None = None
         self._exit: dict[str, Any] | None = None

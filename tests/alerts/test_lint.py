@@ -9,7 +9,7 @@ import re
 import pytest
 
 from alerts import render
-from exporter.options import parse_duration
+from llmmon.options import parse_duration
 from tests.conftest import markdown_sections
 
 # The decision tree, one name per branch: the list of docs/design.md#alert-names (its last

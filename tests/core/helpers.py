@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.collector import Collector, Context, Environment
 from llmmon.config import build_settings
-from llmmon.sampler import render
+from llmmon.exposition import render
 from llmmon.sources.fs import RootedFS
 
 

@@ -1,4 +1,4 @@
-"""Reading a running `llmmon serve` (tests.conftest.Server) the way an operator would."""
+"""Reading a running `llmmon serve` (tests.conftest.ServeProcess) the way an operator would."""
 
 from __future__ import annotations
 

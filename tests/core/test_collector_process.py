@@ -35,7 +35,7 @@ def collector_process(pid: int, other_than: int | None = None, timeout: float = 
     """The server's collector process (a new one, when `other_than` names the old)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [c for c in children(pid) if c != other_than and "llmmon.collectprocess" in
+        found = [c for c in children(pid) if c != other_than and "llmmon.serve.child" in
                  open(f"/proc/{c}/cmdline").read().replace("\0", " ")]
         if found:
             return found[0]

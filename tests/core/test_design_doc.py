@@ -15,7 +15,7 @@ REFERENCE = re.compile(r"design\.md#([\w-]+)")
 SELF_REFERENCE = re.compile(r"\]\(#([\w-]+)\)")
 # The design notes this document replaced lived outside the repository under this name.
 OUTSIDE = "DESIGN" + ".md"
-SKIP_DIRS = {".git", ".src", "__pycache__", "fixtures", "golden", "node_modules"}
+SKIP_DIRS = {".git", "__pycache__", "fixtures", "golden", "node_modules"}
 TEXT = {".py", ".md", ".yaml", ".yml", ".json", ".sh", ".toml", ".tmpl", ".txt", ".cfg", ""}
 
 

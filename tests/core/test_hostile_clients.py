@@ -21,7 +21,7 @@ from tests.conftest import FIXTURES, ROOT, free_port
 
 DISK_ONLY = ("--collector.disable-defaults", "--collector.disk", "--collector.disk.interval=1s",
              f"--path.procfs={FIXTURES / 'proc'}", f"--path.sysfs={FIXTURES / 'sys'}")
-FD_RESERVE = 128  # llmmon.httpserver.FD_RESERVE, restated: the test says what it expects
+FD_RESERVE = 128  # llmmon.serve.httpserver.FD_RESERVE, restated: the test says what it expects
 
 
 def open_fds(pid: int) -> int:

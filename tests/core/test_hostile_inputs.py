@@ -198,7 +198,7 @@ def test_a_wrong_root_is_said_at_start_up_and_fails_what_finds_nothing_unlike_a_
     assert f"--path.procfs={empty_dir} has no diskstats, self/" in states["disk"]["message"]
     assert value(wrong, "llmmon_exporter_collector_success", collector="rdma") == 0
     log = wrong.log()
-    assert (f"level=error logger=llmmon.daemon msg=\"--path.sysfs={tmp_path / 'sys-typo'} "
+    assert (f"level=error logger=llmmon.serve.assembly msg=\"--path.sysfs={tmp_path / 'sys-typo'} "
             "does not exist: not a sysfs root (every Linux sysfs has class/, devices/)") in log
     assert f"--path.procfs={empty_dir} has no diskstats, self/: not a procfs root" in log
 

@@ -115,13 +115,13 @@ async def _ok(scope: dict, receive: Callable, send: Callable) -> None:
 
 
 @contextlib.contextmanager
-def _serving(stop: Callable[[httpserver.Server], None] = lambda s: setattr(s, "should_exit", True)
-             ) -> Iterator[tuple[httpserver.Server, str]]:
+def _serving(stop: Callable[[httpserver.HTTPServer], None] = lambda s: setattr(s, "should_exit", True)
+             ) -> Iterator[tuple[httpserver.HTTPServer, str]]:
     """llmmon's own server and Listener, in a thread, with a minimal ASGI app; `stop` ends it."""
-    limits = httpserver.Limits(max_connections=4, read_timeout=10.0, idle_timeout=10.0,
+    limits = httpserver.ConnectionLimits(max_connections=4, read_timeout=10.0, idle_timeout=10.0,
                                shutdown_grace=1.0)
     listener = httpserver.Listener(httpserver.bind("127.0.0.1", 0, 16), limits)
-    server = httpserver.Server(uvicorn.Config(_ok, http="h11", lifespan="off", log_config=None),
+    server = httpserver.HTTPServer(uvicorn.Config(_ok, http="h11", lifespan="off", log_config=None),
                                listener)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -168,12 +168,11 @@ def test_cpu_of_each_collectors_runs_is_counted(trees) -> None:
 def test_a_failing_digest_costs_its_reader_the_run_not_the_scrapes(trees) -> None:
     good, _ = trees
     collector = make_collector(DiskCollector, good)
-    sampler = Sampler([collector], "test")
 
     def digest(families, previous):  # type: ignore[no-untyped-def]
         raise ValueError("no sense in it")
 
-    sampler.digest = digest
+    sampler = Sampler([collector], "test", digest=digest)
     sampler.run_once(collector)
     disk = state(sampler, "disk")
     assert disk["status"] == "ok" and disk["errors_total"] == 1
@@ -202,7 +201,7 @@ def test_only_the_formats_asked_for_are_rendered_and_one_asked_again_is_filled_i
     from prometheus_client.exposition import generate_latest
 
     from llmmon import sampler as sampler_module
-    from llmmon.sampler import OPENMETRICS, TEXT, _Snapshot
+    from llmmon.exposition import OPENMETRICS, TEXT, _Snapshot
 
     good, _ = trees
     collector = make_collector(DiskCollector, good)
@@ -240,7 +239,7 @@ def test_openmetrics_fragments_are_what_the_default_escaping_writes() -> None:
     from llmmon.collector import Context
     from llmmon.collectors.rdma import RdmaCollector
     from llmmon.metrics import Families, MetricSpec
-    from llmmon.sampler import OM_EOF, _Snapshot, render
+    from llmmon.exposition import OM_EOF, _Snapshot, render
 
     families = Families()
     odd = MetricSpec("llmmon_test_info", "info", "odd values", ("value",))

@@ -12,7 +12,7 @@ from tests.conftest import pythonpath
 
 SERVER = r"""
 import json, sys
-import llmmon.cli, llmmon.relay, llmmon.app, llmmon.httpserver
+import llmmon.cli, llmmon.serve.supervisor, llmmon.serve.app, llmmon.serve.httpserver
 from llmmon.collectors import discover
 from llmmon.config import add_serve_arguments
 import argparse

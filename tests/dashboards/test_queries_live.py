@@ -31,7 +31,7 @@ import yaml
 
 from llmmon_reporter.spoolfile import write_atomic
 from llmmon_reporter.stepstats import StepStats
-from tests.conftest import FIXTURES, ROOT, Server, free_port
+from tests.conftest import FIXTURES, ROOT, ServeProcess, free_port
 
 pytestmark = pytest.mark.slow  # a real Prometheus over a simulated cluster
 
@@ -228,11 +228,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """Both nodes' exporters, a Prometheus scraping them, and their inputs moving."""
     tmp = tmp_path_factory.mktemp("live")
     nodes, activity = _prepare(tmp)
-    servers: list[Server] = []
+    servers: list[ServeProcess] = []
     process = None
     try:
         for node, args in nodes.items():
-            servers.append(Server(args, tmp / f"{node}.log"))
+            servers.append(ServeProcess(args, tmp / f"{node}.log"))
         for server in servers:
             server.wait_ready()
         activity.start()

@@ -91,7 +91,7 @@ def test_hardening_settings():
 
 def test_open_file_limit_leaves_room_for_the_default_connection_cap():
     from llmmon.config import GLOBAL_OPTIONS
-    from llmmon.httpserver import FD_RESERVE, connection_cap
+    from llmmon.serve.httpserver import FD_RESERVE, connection_cap
 
     limit = int(service_settings(unit())["LimitNOFILE"][0])
     default = next(o.default for o in GLOBAL_OPTIONS if o.key == "web.max_connections")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from deploy_helpers import ROOT, Certs, issue, require
-from llmmon.webconfig import WebConfig
+from llmmon.serve.webconfig import WebConfig
 
 PASSWORD = "s3cret-scrape"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()

@@ -1,6 +1,6 @@
 """A real exporter in-process over private copies of the fixture trees, with its Diagnoser.
 
-The collectors, the sampler and the diagnoser are the daemon's own (llmmon.daemon.build from
+The collectors, the sampler and the diagnoser are the daemon's own (llmmon.serve.assembly.build from
 `llmmon serve` flags); tests edit the copied files between two observations the way the world
 changes them (counters grow, replay files are rewritten), and read the report.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.config import build_settings
-from llmmon.daemon import Daemon, build
+from llmmon.serve.assembly import Daemon, build
 from llmmon.diagnose import Diagnoser
 from tests.conftest import FIXTURES
 

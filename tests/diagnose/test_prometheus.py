@@ -22,7 +22,7 @@ from llmmon.diagnose.recording import RULES
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import evaluate
 from llmmon.diagnose.window import LocalView, Window
-from tests.conftest import FIXTURES, Server
+from tests.conftest import FIXTURES, ServeProcess
 from tests.diagnose.node import Node, check, touch_tree
 from tests.diagnose.prometheus import CLUSTER, Prometheus
 
@@ -46,11 +46,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     for gpu in range(8):  # its own GPUs: UUIDs are unique in a cluster, and the rules join on them
         b.edit_gpu(gpu, lambda doc: doc["device0"]["uuid"].update(
             ok=doc["device0"]["uuid"]["ok"].replace("-0a1b", "-0b1b")))
-    servers: dict[str, Server] = {}
+    servers: dict[str, ServeProcess] = {}
     prometheus = None
     try:
         for name, node in (("node-a", a), ("node-b", b)):
-            servers[name] = Server(node.args(), tmp / f"{name}.log")
+            servers[name] = ServeProcess(node.args(), tmp / f"{name}.log")
             servers[name].wait_ready()
         prometheus = Prometheus(tmp / "prometheus", {name: server.url.removeprefix("http://")
                                                      for name, server in servers.items()})

@@ -7,11 +7,11 @@ import time
 
 from fastapi.testclient import TestClient
 
-from llmmon.app import create_app
+from llmmon.serve.app import create_app
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.config import build_settings
-from llmmon.daemon import build
+from llmmon.serve.assembly import build
 from llmmon.diagnose.model import SCHEMA, Report
 from llmmon.diagnose.schema import ADAPTER
 from llmmon.diagnose.thresholds import Thresholds

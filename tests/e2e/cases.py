@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-from llmmon.simulate.layout import NodeLayout
+from llmmon.simulate.hardware import NodeLayout
 
 Value = Union[str, Callable[[NodeLayout], str]]
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pytest
 
-from llmmon.simulate import layout, stack
+from llmmon.simulate import hardware, stack
 from tests.conftest import ROOT
 from tests.e2e.cases import CASES, Case
 
@@ -55,14 +55,14 @@ class Alert:
 @dataclass
 class Stack:
     work: Path
-    prometheus: stack.Server
-    alertmanager: stack.Server
+    prometheus: stack.ServiceProcess
+    alertmanager: stack.ServiceProcess
     receiver: stack.WebhookReceiver
     started: float  # time.monotonic() when the stack was up
 
-    def node(self, case: Case) -> layout.NodeLayout:
+    def node(self, case: Case) -> hardware.NodeLayout:
         index = CASES.index(case)
-        return layout.build(f"sim-{index:02d}", index)
+        return hardware.build(f"sim-{index:02d}", index)
 
     def job(self, case: Case) -> str:
         return f"pretrain-{CASES.index(case)}"
@@ -156,7 +156,7 @@ def e2e() -> Iterator[Stack]:
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="llmmon-e2e-", dir=shm))
     receiver = stack.WebhookReceiver()
-    servers: list[stack.Server] = []
+    servers: list[stack.ServiceProcess] = []
     history: SuppressedHistory | None = None
     scenarios = [arg for index, case in enumerate(CASES) if case.name != "healthy"
                  for arg in ("--scenario", case.scenario.replace(":", f"@sim-{index:02d}:", 1)

@@ -108,7 +108,7 @@ def stacks() -> Iterator[Stacks]:
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="llmmon-vm-", dir=shm))
     receivers = [stack.WebhookReceiver(), stack.WebhookReceiver()]
-    servers: list[stack.Server] = []
+    servers: list[stack.ServiceProcess] = []
     processes: list[subprocess.Popen[bytes]] = []
     with open(work / "simulate.log", "wb") as log:
         simulator = subprocess.Popen(

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.collector import Context
-from llmmon.sampler import render
+from llmmon.exposition import render
 from tests.conftest import FIXTURES
 
 # each capture with the collector options of its live run

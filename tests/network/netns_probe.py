@@ -16,7 +16,7 @@ import sys
 from llmmon.collector import Context
 from llmmon.collectors.netdev import NetdevCollector
 from llmmon.collectors.nic import NicCollector
-from llmmon.sampler import render
+from llmmon.exposition import render
 from llmmon.sources.ethtool import Ioctl
 from llmmon.sources.fs import RootedFS
 from tests.core.helpers import make_collector

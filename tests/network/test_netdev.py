@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.collector import Context
 from llmmon.collectors.netdev import NetdevCollector
-from llmmon.sampler import render
+from llmmon.exposition import render
 from tests.conftest import FIXTURES, ROOT, compare_golden, pythonpath
 from tests.core.helpers import make_collector, run
 from tests.network.netns_probe import FRAME_BYTES, FRAMES

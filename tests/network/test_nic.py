@@ -13,7 +13,7 @@ import pytest
 from llmmon.network import nic_mappings
 from llmmon.collector import Context
 from llmmon.collectors.nic import MAPPINGS, Mapping, NicCollector
-from llmmon.sampler import render
+from llmmon.exposition import render
 from llmmon.sources.ethtool import DumpDirectory, parse_dump
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.helpers import make_collector, run

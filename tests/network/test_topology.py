@@ -11,7 +11,7 @@ import pytest
 
 from llmmon.collector import Context
 from llmmon.collectors.topology import TopologyCollector
-from llmmon.sampler import render
+from llmmon.exposition import render
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.helpers import make_collector, run
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmmon.collector import Context, Environment
 from llmmon.collectors.ranks import RanksCollector
 from llmmon.config import collector_options
-from llmmon.sampler import render
+from llmmon.exposition import render
 from llmmon.sources.fs import RootedFS
 from tests.conftest import pythonpath
 

@@ -10,7 +10,7 @@ import pytest
 
 from llmmon.ranks.culprit import where
 from llmmon.ranks.failure import failed_in
-from llmmon.ranks.schema import Notes, SchemaError, parse_state
+from llmmon.ranks.validate import Notes, SchemaError, parse_state
 from tests.conftest import FIXTURES
 
 STATE = json.loads((FIXTURES / "spool" / "bad" / "good" / "rank_0.1000.json").read_text())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from llmmon.app import create_app
-from llmmon.routes import collector_routes
+from llmmon.serve.app import create_app
+from llmmon.serve.routes import collector_routes
 from llmmon.commands.launch import environment
 from llmmon.ranks.dumps import MARKER, request
 from llmmon_reporter.dumppipe import DumpPipe

@@ -11,7 +11,7 @@ import pytest
 
 from llmmon.collectors.ranks import RanksCollector
 from llmmon.metrics import Families
-from llmmon.ranks import hang, schema, slowdown
+from llmmon.ranks import slowdown, stall, validate
 from llmmon.ranks.ledger import Enqueued, Ledger, RankTrack
 from llmmon.ranks.netns import Loss
 from tests.conftest import FIXTURES
@@ -21,7 +21,7 @@ LOSSY = Loss("job-node-b", retransmitted=7246, sent=34581, seconds=30.0)
 
 def _group(pg: str, recent: float, baseline: float | None, stalled: bool = False,
            inside: tuple[float, float] | None = None, size: int = 4) -> dict[str, Any]:
-    pace = slowdown.Pace(recent, "status", baseline, 2, *(inside or (None, None)))
+    pace = slowdown.GroupPace(recent, "status", baseline, 2, *(inside or (None, None)))
     return {"pg": pg, "stalled": stalled, "gap": pace.json(), "size": size,
             "local_ranks": [0, 1]}
 
@@ -78,7 +78,7 @@ def _ledger(gaps: list[float], reports: tuple[tuple[float, int], ...] = (),
     0 holds collectives `gaps` apart from T0; `reports` are its status reports (time, last
     enqueued), each observed as the daemon observes a state file, with a collective in flight
     where `inflight` says so (none where it says nothing)."""
-    state = schema.parse_state(STATE.read_bytes(), schema.Notes())
+    state = validate.parse_state(STATE.read_bytes(), validate.Notes())
     ledger = Ledger(8, 8)
     for i, (at, enqueued) in enumerate(reports or ((T0, 0),)):
         busy = i < len(inflight) and inflight[i]
@@ -149,7 +149,7 @@ def test_the_verdict_and_the_gauge_the_rules_read_say_the_same() -> None:
     reports = tuple((end - 60 + 5 * i, 200 + 25 * i) for i in range(12)) + tuple(
         (end + 5 + 5 * i, 500 + 5 * i) for i in range(4))
     ledger = _ledger(gaps, reports, (False,) * 12 + (True, True, True, False))
-    job = hang.evidence(ledger, end + 21, stale_after=60.0, stall_after=600.0)["jobs"][0]
+    job = stall.evidence(ledger, end + 21, stale_after=60.0, stall_after=600.0)["jobs"][0]
     assert "suspect the network" in job["slowdown"]["cause"], job["slowdown"]
     families = Families()
     RanksCollector._judged_families(families, job)
@@ -210,5 +210,5 @@ def test_time_split_inside_and_before_claims_no_cause() -> None:
 ])
 def test_a_group_in_flight_most_of_the_time_before_is_read_only_when_it_falls(
         inside: tuple[float, float], added: float | None) -> None:
-    pace = slowdown.Pace(0.8, "status", 0.2, 2, *inside)
+    pace = slowdown.GroupPace(0.8, "status", 0.2, 2, *inside)
     assert pace.added_inside == added

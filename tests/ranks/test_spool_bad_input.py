@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmmon.ranks.schema import LABEL_RULES
+from llmmon.ranks.validate import LABEL_RULES
 from tests.conftest import FIXTURES
 from tests.ranks.jobs import by_rank, make_collector, scrape, series
 

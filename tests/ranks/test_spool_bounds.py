@@ -13,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.ranks.ledger import MAX_INDEXED_SEQS
-from llmmon.ranks.schema import MAX_INFLIGHT, MAX_PGS, MAX_SPANS
+from llmmon.ranks.validate import MAX_INFLIGHT, MAX_PGS, MAX_SPANS
 from tests.ranks import hostile
 from tests.ranks.jobs import by_rank, make_collector, scrape, series, wait_for
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llmmon_reporter import entrylog, pace
+from llmmon_reporter import entrylog, timeslice
 from tests.conftest import ROOT
 from tests.ranks.jobs import base_env
 
@@ -85,7 +85,7 @@ import json, os, sys, tempfile, threading, time
 import torch, torch.distributed as dist
 from llmmon_reporter.stepstats import StepStats
 from llmmon_reporter.worker import Cadence, Reporter
-from llmmon_reporter import entrylog, pace
+from llmmon_reporter import entrylog, timeslice
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0,
                         world_size=1)
 for _ in range(int(os.environ["TORCH_FR_BUFFER_SIZE"]) + 100):
@@ -166,16 +166,16 @@ def _h200_dump() -> bytes:
 def test_decode_equals_json_loads_on_a_real_dump_and_pauses_between_records() -> None:
     blob = _h200_dump()
     clock = iter(range(10**6)).__next__  # every call a "second" later: pause after each record
-    paced = pace.Pace(budget=1, pause=0, clock=lambda: float(clock()))
+    paced = timeslice.TimeSlice(budget=1, pause=0, clock=lambda: float(clock()))
     whole = json.loads(blob)
-    assert pace.decode(blob, paced) == whole
+    assert timeslice.decode(blob, paced) == whole
     assert paced.pauses == len(whole["entries"]) > 1
 
 
 def test_decode_keeps_only_what_keep_makes_of_each_record() -> None:
     blob = _h200_dump()
     whole = json.loads(blob)
-    ids = pace.decode(blob, pace.Pace(), keep=lambda e: e["record_id"] % 2 or None)
+    ids = timeslice.decode(blob, timeslice.TimeSlice(), keep=lambda e: e["record_id"] % 2 or None)
     assert ids["entries"] == [e["record_id"] % 2 for e in whole["entries"] if e["record_id"] % 2]
     assert ids["pg_status"] == whole["pg_status"]
 
@@ -197,15 +197,15 @@ def _tick(blob: bytes, after: int) -> tuple[list, list, int]:
     """What a ring tick ships after `after` (records, [first, last, pending]) and how many
     records it decoded (a pause after each: the clock moves a second a call)."""
     clock = iter(range(10**6)).__next__
-    counted = pace.Pace(budget=1, pause=0, clock=lambda: float(clock()))
+    counted = timeslice.TimeSlice(budget=1, pause=0, clock=lambda: float(clock()))
     selection = entrylog._Selection(after)
-    kept = pace.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
+    kept = timeslice.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
     return kept, [selection.first, selection.last, selection.pending], counted.pauses
 
 
 def _sifted(blob: bytes, after: int) -> tuple[list, list]:
     selection = entrylog._Selection(after)
-    kept = pace.sift(json.loads(blob)["entries"], selection, None)
+    kept = timeslice.sift(json.loads(blob)["entries"], selection, None)
     return kept, [selection.first, selection.last, selection.pending]
 
 
@@ -227,16 +227,16 @@ def test_a_ring_that_turned_over_ships_its_newest_records_and_decodes_no_more() 
     records = _records(list(range(10_000, 12_000)))
     blob = _ring(records)
     clock = iter(range(10**6)).__next__
-    counted = pace.Pace(budget=1, pause=0, clock=lambda: float(clock()))
+    counted = timeslice.TimeSlice(budget=1, pause=0, clock=lambda: float(clock()))
     selection = entrylog._Selection(5_000)
-    kept = pace.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
+    kept = timeslice.decode(blob, counted, keep=selection, seek=selection.seek)["entries"]
     assert counted.pauses == 502  # the first record, record 11,499 (dropped), 11,500-11,999
     assert (selection.first, selection.last, selection.cut) == (10_000, 11_999, 11_500)
     assert selection.drop_first and len(kept) == 501  # the first record, left out by write
     assert [json.loads(k)["record_id"] for k in kept[1:]] == list(range(11_500, 12_000))
     # the newest shipped (10,900) still in the ring: the first record was not kept, none drops
     selection = entrylog._Selection(10_900)
-    kept = pace.decode(blob, pace.Pace(), keep=selection, seek=selection.seek)["entries"]
+    kept = timeslice.decode(blob, timeslice.TimeSlice(), keep=selection, seek=selection.seek)["entries"]
     assert not selection.drop_first and selection.cut == 11_500
     assert [json.loads(k)["record_id"] for k in kept] == list(range(11_500, 12_000))
 
@@ -260,11 +260,11 @@ def test_a_ring_tick_whose_guess_fails_reads_every_record_and_ships_the_same(cas
 @pytest.mark.parametrize("blob", [b'{ "entries" : [ {"a": 1} , {"b": [2]} ] , "v": "x" }',
                                   b'{"entries":[]}', b"{}", b'{"entries": 5}'])
 def test_decode_takes_any_spacing_and_shape_json_does(blob: bytes) -> None:
-    assert pace.decode(blob, pace.Pace()) == json.loads(blob)
+    assert timeslice.decode(blob, timeslice.TimeSlice()) == json.loads(blob)
 
 
 @pytest.mark.parametrize("blob", [b"", b"[]", b'{"entries":[1,]}', b'{"entries":[1}',
                                   b'{"a":1,}', b'{"a" 1}', b"\xff"])
 def test_decode_refuses_what_is_not_a_json_object(blob: bytes) -> None:
     with pytest.raises(ValueError):
-        pace.decode(blob, pace.Pace())
+        timeslice.decode(blob, timeslice.TimeSlice())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SOURCE
+from tests.conftest import ROOT, SOURCES
 from tests.ranks.jobs import FAST, base_env
 
 pytestmark = pytest.mark.slow  # real venvs, a wheel build and a torchrun job
@@ -182,7 +182,7 @@ def test_a_trainer_with_its_own_exporter_requests_and_fastapi_imports_its_own_un
     out.mkdir()
     # The launcher runs from this checkout without putting it on the environment's PYTHONPATH
     # (which launch would pass on to the trainer, as it does with any path the user set).
-    launcher = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(SOURCE)!r}); "
+    launcher = [sys.executable, "-c", f"import sys; sys.path[:0] = {SOURCES!r}; "
                 "from llmmon.cli import main; sys.exit(main())"]
     command = launcher + ["launch", "--job", "isolated", "--spool", str(spool),
                           "--fr-dir", str(tmp_path / "fr"), "--pipe-dir", str(tmp_path / "pipe"),

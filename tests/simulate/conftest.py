@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.config import build_settings
-from llmmon.daemon import build
+from llmmon.serve.assembly import build
 from llmmon.simulate.node import NodeSim
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -1,5 +1,5 @@
 """`llmmon capture` of a simulated node and `llmmon serve --replay` of the archive: both real
-processes serve the same exposition but for the lines `llmmon.capture.VOLATILE` names."""
+processes serve the same exposition but for the lines `llmmon.bundle.VOLATILE` names."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from typing import Callable
 import pytest
 import requests
 
-from llmmon.capture import VOLATILE, CaptureError, replay_settings
+from llmmon.bundle import VOLATILE, CaptureError, replay_settings
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.config import Settings, build_settings
-from tests.conftest import ROOT, Server
+from tests.conftest import ROOT, ServeProcess
 from tests.simulate.test_node import ticked
 
 MASK = re.compile(r"^((?:" + "|".join(VOLATILE) + r").*\}) .*$", re.M)
@@ -41,7 +41,7 @@ def settings_for(*flags: str) -> Settings:
     return build_settings(args, discover())
 
 
-def scraped(server: Server) -> str:
+def scraped(server: ServeProcess) -> str:
     """/metrics of a real `llmmon serve` once every collector ran, the 20 Hz power sampler has
     a window for every GPU and every GPU has its GPM ratios, which need a second GPU run
     (masked).  Under load the first scrape can come between the two runs."""
@@ -58,7 +58,7 @@ def scraped(server: Server) -> str:
 
 
 def test_capture_of_a_simulated_node_replays_identically(
-        work: Path, serve: Callable[..., Server]) -> None:
+        work: Path, serve: Callable[..., ServeProcess]) -> None:
     node = ticked(work / "sim", "thermal", "pfc-storm", "straggler").nodes[0]
     flags = [*node.paths.serve_args(), "--collector.topology"]
     live = scraped(serve(*flags, *PATIENT))

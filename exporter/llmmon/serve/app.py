@@ -1,0 +1,125 @@
+"""The HTTP face of the daemon: pre-rendered /metrics, health, a landing page and JSON APIs.
+
+/metrics hands out bytes the sampler rendered when a snapshot changed (in a format nobody
+scraped lately, after it asked for them); nothing here touches hardware or renders metric
+families.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse as StarletteJSONResponse
+from fastapi.responses import PlainTextResponse, Response
+
+from llmmon import __version__
+from llmmon.serve.routes import RouteError, Routes
+from llmmon.textsafe import json_ready, printable
+
+
+class JSONResponse(StarletteJSONResponse):
+    """The answer of every /api/v1 endpoint: always 200-able, never a 500.
+
+    Starlette's JSONResponse raises on a string UTF-8 cannot encode (a job directory with a
+    non-UTF-8 name, a lone surrogate in a rank's `gpu_name`) and on NaN or infinity; this one
+    renders such content again with those values escaped or null (`llmmon.textsafe.json_ready`).
+    The common case pays nothing: the walk runs only after the plain rendering failed.
+    """
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except (UnicodeEncodeError, ValueError):  # ValueError: NaN or infinity
+            return super().render(json_ready(content))
+
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True when the scraper lists OpenMetrics among the media types it accepts."""
+    return any(part.split(";")[0].strip() == "application/openmetrics-text"
+               for part in accept.split(","))
+
+
+class Exposition(Protocol):
+    """What the app serves from: the sampler itself, or the supervisor of a collector process."""
+
+    def body(self, openmetrics: bool, compressed: bool) -> bytes | None: ...
+
+    def wait_body(self, openmetrics: bool, compressed: bool) -> bytes | None: ...
+
+    def snapshot_json(self) -> list[dict[str, Any]]: ...
+
+
+def create_app(sampler: Exposition, routes: Routes,
+               telemetry_path: str = "/metrics") -> FastAPI:
+    app = FastAPI(title="llmmon", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url="/api/v1/openapi.json")
+
+    @app.get(telemetry_path, include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        openmetrics = wants_openmetrics(request.headers.get("accept", ""))
+        gzipped = "gzip" in request.headers.get("accept-encoding", "")
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+        body = sampler.body(openmetrics, gzipped)
+        if body is None:  # a format nobody scraped lately: rendered now, off the event loop
+            body = await run_in_threadpool(sampler.wait_body, openmetrics, gzipped)
+        if body is None:
+            return PlainTextResponse(
+                "the collector process has not rendered this exposition format yet (it is not "
+                "answering: see the exporter log); retry\n", status_code=503,
+                headers={"Retry-After": "5"})
+        return Response(body, headers=headers,
+                        media_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok\n"
+
+    @app.get("/api/v1/collectors")
+    async def collectors_json() -> JSONResponse:
+        return JSONResponse({"version": __version__, "collectors": sampler.snapshot_json()})
+
+    @app.get("/", response_class=HTMLResponse)
+    async def landing() -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(s['name'])}</td><td class='{html.escape(s['status'])}'>"
+            f"{html.escape(s['status'])}</td>"
+            f"<td>{html.escape(printable(s['message'] or ''))}</td>"
+            f"<td>{s['series']}</td></tr>"
+            for s in sampler.snapshot_json())
+        path = html.escape(telemetry_path)
+        return (
+            "<!doctype html><html><head><meta charset='utf-8'><title>llmmon exporter</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.2em .8em;"
+            "text-align:left}.ok{color:green}.failed{color:#b00}.empty{color:gray}</style>"
+            f"</head><body><h1>llmmon exporter {html.escape(__version__)}</h1>"
+            f"<p><a href='{path}'>Metrics</a> · <a href='/api/v1/collectors'>"
+            "Collectors (JSON)</a> · <a href='/api/v1/diagnose'>Diagnosis (JSON)</a> · "
+            "<a href='/healthz'>Health</a></p>"
+            "<table><tr><th>collector</th><th>status</th><th>detail</th><th>series</th></tr>"
+            f"{rows}</table></body></html>")
+
+    for key, handler in routes.get.items():
+        _mount(app, f"/api/v1/{key}", "GET", lambda _query, handler=handler: handler())
+    for key, action in routes.post.items():
+        _mount(app, f"/api/v1/{key}", "POST", action)
+    return app
+
+
+def _mount(app: FastAPI, path: str, method: str,
+           handler: Callable[[dict[str, str]], Any]) -> None:
+    def endpoint(request: Request) -> JSONResponse:  # sync: run in a thread, off the loop
+        try:
+            return JSONResponse(handler(dict(request.query_params)))
+        except RouteError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
+    app.add_api_route(path, endpoint, methods=[method])
