@@ -18,7 +18,7 @@ import pytest
 import requests
 import uvicorn
 
-from llmmon import httpserver
+from llmmon.serve import httpserver
 from tests.conftest import FIXTURES, compare_golden
 from tests.core.served import wait_for
 
