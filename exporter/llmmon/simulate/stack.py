@@ -29,7 +29,7 @@ import yaml
 
 from llmmon.simulate.exporters import free_port, stop_process
 
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]
 ALERTS = CHECKOUT / "alerts"
 DASHBOARDS = CHECKOUT / "dashboards"
 START_TIMEOUT = 30.0
