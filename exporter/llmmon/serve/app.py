@@ -40,10 +40,37 @@ TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
+def qualities(header: str) -> dict[str, float]:
+    """Each token an Accept or Accept-Encoding header lists (lower case) with its quality
+    (RFC 9110 12.4.2): `q=0` means "not acceptable", and a q that is not a number in [0, 1]
+    counts as 0, so a garbled preference falls back to the default instead of opting in."""
+    found: dict[str, float] = {}
+    for part in header.split(","):
+        token, *params = (piece.strip() for piece in part.split(";"))
+        if not token:
+            continue
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+                if not 0.0 <= quality <= 1.0:  # also NaN
+                    quality = 0.0
+        found[token.lower()] = max(quality, found.get(token.lower(), 0.0))
+    return found
+
+
 def wants_openmetrics(accept: str) -> bool:
-    """True when the scraper lists OpenMetrics among the media types it accepts."""
-    return any(part.split(";")[0].strip() == "application/openmetrics-text"
-               for part in accept.split(","))
+    """True when the scraper lists OpenMetrics among the media types it accepts (q > 0)."""
+    return qualities(accept).get("application/openmetrics-text", 0.0) > 0.0
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    """True when the scraper lists gzip with q > 0; identity is always acceptable."""
+    return qualities(accept_encoding).get("gzip", 0.0) > 0.0
 
 
 class Exposition(Protocol):
@@ -64,7 +91,7 @@ def create_app(sampler: Exposition, routes: Routes,
     @app.get(telemetry_path, include_in_schema=False)
     async def metrics(request: Request) -> Response:
         openmetrics = wants_openmetrics(request.headers.get("accept", ""))
-        gzipped = "gzip" in request.headers.get("accept-encoding", "")
+        gzipped = wants_gzip(request.headers.get("accept-encoding", ""))
         headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
         body = sampler.body(openmetrics, gzipped)
         if body is None:  # a format nobody scraped lately: rendered now, off the event loop
