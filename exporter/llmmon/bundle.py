@@ -24,16 +24,17 @@ are read differ between the live and the replayed exposition: `VOLATILE` lists t
 
 from __future__ import annotations
 
-import atexit
 import copy
 import json
 import os
 import shutil
 import socket
+import stat
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmmon import __version__
@@ -53,6 +54,11 @@ from llmmon.sources.spool import SpoolSource
 FORMAT = 1
 TOP = "llmmon-capture"
 MAX_FILE_BYTES = 1 << 20
+# What replay unpacks at most: a capture holds text files of MAX_FILE_BYTES, spool files (16 MiB
+# each at the ranks collector's default) and NVML snapshots; a real one is a few MiB.
+MAX_MEMBER_BYTES = 64 << 20
+MAX_UNPACKED_BYTES = 512 << 20
+MAX_MEMBERS = 100_000
 PCI_ATTRIBUTES = ("class", "vendor", "device", "numa_node")
 RDMA_ATTRIBUTES = ("hca_type", "fw_ver", "board_id", "node_type")
 PORT_ATTRIBUTES = ("state", "phys_state", "rate", "link_layer", "lid", "sm_lid",
@@ -261,14 +267,33 @@ def _netlink(settings: Settings, dest: Path, problems: list[str]) -> None:
     dest.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
 
 
-def _spool(settings: Settings, dest: Path) -> None:
+def copy_regular(path: str, target: Path, max_bytes: int) -> None:
+    """Copy `path` only if it is a regular file when opened, never through a link: other users
+    write the spool, and a file swapped for a link between the listing and the copy must not
+    carry a file they cannot read into the bundle.  OSError says why it was not copied."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as source:
+        info = os.fstat(source.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        data = source.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(f"{path}: larger than {max_bytes} bytes")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def _spool(settings: Settings, dest: Path, problems: list[str]) -> None:
     config = settings.collectors["ranks"]
     source = SpoolSource(config["spool_dir"], config["max_file_bytes"], config["max_files"],
                          config["max_files_per_job"])
     for spool_file in source.scan().files:
         target = dest / os.path.basename(spool_file.job_dir) / os.path.basename(spool_file.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(spool_file.path, target)
+        try:
+            copy_regular(spool_file.path, target, config["max_file_bytes"])
+        except OSError as exc:
+            problems.append(f"spool: {exc}")
 
 
 def _skeleton(root: Path) -> None:
@@ -291,7 +316,7 @@ def capture(settings: Settings, output: Path) -> dict[str, Any]:
             ("nvml", lambda: _nvml(settings, root / "nvml", problems)),
             ("ethtool", lambda: _ethtool(settings, sysfs, root / "ethtool", problems)),
             ("netlink", lambda: _netlink(settings, root / "netlink.json", problems)),
-            ("spool", lambda: _spool(settings, root / "spool")),
+            ("spool", lambda: _spool(settings, root / "spool", problems)),
         ]
         root.mkdir()
         pids: list[int] = []
@@ -321,19 +346,64 @@ def capture(settings: Settings, output: Path) -> dict[str, Any]:
     return manifest
 
 
-def unpack(archive: str, into: Path) -> tuple[Path, dict[str, Any]]:
-    """Extract safely (tarfile's `data` filter: nothing outside `into`, no devices)."""
+@dataclass(frozen=True)
+class Manifest:
+    """What replay needs of a capture's manifest.json, checked: a bundle is a file from
+    elsewhere, and a wrong type must be a one-line refusal, not a traceback."""
+
+    captured_at: float
+    collectors: dict[str, bool]
+    gpus: int
+
+    @classmethod
+    def parse(cls, doc: Any, archive: str) -> Manifest:
+        def bad(why: str) -> CaptureError:
+            return CaptureError(f"{archive}: not a usable llmmon capture: manifest.json {why}")
+
+        if not isinstance(doc, dict):
+            raise bad("is not an object")
+        if doc.get("format") != FORMAT:
+            raise CaptureError(f"{archive}: capture format {doc.get('format')!r}, "
+                               f"this llmmon reads {FORMAT}")
+        captured_at, collectors, gpus = (doc.get(k) for k in ("captured_at", "collectors",
+                                                              "gpus"))
+        if isinstance(captured_at, bool) or not isinstance(captured_at, (int, float)) \
+                or not 0 <= captured_at < float("inf"):
+            raise bad(f"captured_at is {captured_at!r}, not a time in seconds")
+        if not isinstance(collectors, dict) or not all(
+                isinstance(k, str) and isinstance(v, bool) for k, v in collectors.items()):
+            raise bad("collectors is not an object of collector names to true or false")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise bad(f"gpus is {gpus!r}, not a count")
+        return cls(float(captured_at), dict(collectors), gpus)
+
+
+def _check_members(tar: tarfile.TarFile, archive: str) -> None:
+    """Refuse an archive that would unpack past the caps, before anything is written."""
+    count = total = 0
+    for member in tar:
+        count += 1
+        total += member.size
+        if count > MAX_MEMBERS or member.size > MAX_MEMBER_BYTES or total > MAX_UNPACKED_BYTES:
+            raise CaptureError(
+                f"{archive}: larger than a capture can be ({MAX_MEMBERS} members, "
+                f"{MAX_MEMBER_BYTES >> 20} MiB a member, {MAX_UNPACKED_BYTES >> 20} MiB in all)")
+
+
+def unpack(archive: str, into: Path) -> tuple[Path, Manifest]:
+    """Extract safely (tarfile's `data` filter: nothing outside `into`, no devices; the caps
+    above: a bounded disk)."""
     try:
         with tarfile.open(archive, "r:gz") as tar:
+            _check_members(tar, archive)
             tar.extractall(into, filter="data")
         root = into / TOP
-        manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+        doc = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, tarfile.TarError, ValueError) as exc:
+        if isinstance(exc, CaptureError):
+            raise
         raise CaptureError(f"{archive}: not a usable llmmon capture: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise CaptureError(f"{archive}: capture format {manifest.get('format')!r}, "
-                           f"this llmmon reads {FORMAT}")
-    return root, manifest
+    return root, Manifest.parse(doc, archive)
 
 
 def _redate_spool(spool: Path, captured_at: float) -> None:
@@ -345,18 +415,14 @@ def _redate_spool(spool: Path, captured_at: float) -> None:
             os.utime(path, (stat.st_atime + shift, stat.st_mtime + shift))
 
 
-def replay_settings(archive: str, settings: Settings, into: str | None = None) -> Settings:
-    """`settings` pointed at the unpacked `archive`, with the collectors the node ran.
-
-    Unpacks into `into`, or a temporary directory removed when the process exits."""
-    if into is None:
-        into = tempfile.mkdtemp(prefix="llmmon-replay-")
-        atexit.register(shutil.rmtree, into, ignore_errors=True)
+def replay_settings(archive: str, settings: Settings, into: str) -> Settings:
+    """`settings` pointed at `archive` unpacked into `into` (which the caller removes), with the
+    collectors the node ran."""
     root, manifest = unpack(archive, Path(into))
-    _redate_spool(root / "spool", manifest["captured_at"])
+    _redate_spool(root / "spool", manifest.captured_at)
     values = dict(settings.values, **{
         "path.sysfs": str(root / "sys"), "path.procfs": str(root / "proc"),
-        "nvml.replay": str(root / "nvml") if manifest["gpus"] else ""})
+        "nvml.replay": str(root / "nvml") if manifest.gpus else ""})
     collectors = copy.deepcopy(settings.collectors)
     overrides = {"nic": {"dumps": str(root / "ethtool")},
                  "netdev": {"dump": str(root / "netlink.json")},
@@ -364,8 +430,8 @@ def replay_settings(archive: str, settings: Settings, into: str | None = None) -
                            "pipe_dir": str(root / "frpipe"), "auto_dump": False}}
     for name, config in collectors.items():
         config.update(overrides.get(name, {}))
-        config["enabled"] = bool(manifest["collectors"].get(name, False))
-    if not manifest["gpus"] and "gpu" in collectors:
+        config["enabled"] = manifest.collectors.get(name, False)
+    if not manifest.gpus and "gpu" in collectors:
         collectors["gpu"]["enabled"] = False  # the real NVML here is not the captured node's
     return Settings(values, collectors)
 

@@ -7,9 +7,12 @@ The web stack is imported here and never by the collector process (`llmmon.serve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+import tempfile
+from typing import Callable
 
 import uvicorn
 
@@ -36,12 +39,23 @@ def split_listen_address(address: str) -> tuple[str, int]:
 
 def serve(args: argparse.Namespace) -> int:
     """`llmmon serve`: settings, the collector process, then the HTTP server until a signal;
-    2 for a bad setting, 1 when the address cannot be bound."""
+    2 for a bad setting, 1 when the address cannot be bound.  What it leaves behind (the
+    collector process, a replayed bundle's files) goes in `cleanup`, which runs however the
+    server ends: uvicorn re-raises a stop signal, so code after the server would not run."""
+    cleanup = contextlib.ExitStack()
+    try:
+        return _serve(args, cleanup)
+    finally:
+        cleanup.close()
+
+
+def _serve(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
     classes = discover()
     try:
         settings = build_settings(args, classes)
         if args.replay:
-            settings = replay_settings(args.replay, settings)
+            scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="llmmon-replay-"))
+            settings = replay_settings(args.replay, settings, scratch)
         logs.setup(settings["log.level"], settings["log.format"])
         host, port = split_listen_address(settings["web.listen_address"])
         web = None
@@ -49,18 +63,16 @@ def serve(args: argparse.Namespace) -> int:
             web = WebConfig.load(settings["web.config_file"])
         fds = httpserver.raise_fd_limit()  # before the collector process inherits the limit
         supervisor = Supervisor(settings)
-        supervisor.start()  # the collector process: builds the collectors, or says why it cannot
+        cleanup.callback(supervisor.stop)
+        supervisor.start()  # the collector process: builds the collectors, or says why not
     except (ConfigError, ValueError) as exc:
         print(f"llmmon serve: {exc}", file=sys.stderr)
         return 2
-    try:
-        return _listen(settings, host, port, web, supervisor, fds)
-    finally:
-        supervisor.stop()
+    return _listen(settings, host, port, web, supervisor, fds, cleanup.close)
 
 
 def _listen(settings: Settings, host: str, port: int, web: WebConfig | None,
-            supervisor: Supervisor, fds: tuple[int, int]) -> int:
+            supervisor: Supervisor, fds: tuple[int, int], after: Callable[[], None]) -> int:
     """Serve the supervisor until SIGTERM or SIGINT; 1 when the address cannot be bound."""
     app = create_app(supervisor, supervisor.routes, settings["web.telemetry_path"])
     if web is not None:
@@ -91,6 +103,6 @@ def _listen(settings: Settings, host: str, port: int, web: WebConfig | None,
              "%d (was %d)", host, sock.getsockname()[1],
              "https" if web is not None and web.serves_tls else "http",
              settings["web.telemetry_path"], limits.max_connections, fd_limit, fd_before)
-    server = httpserver.HTTPServer(config, httpserver.Listener(sock, limits), after=supervisor.stop)
+    server = httpserver.HTTPServer(config, httpserver.Listener(sock, limits), after=after)
     server.run()
     return 0 if server.started else 1
