@@ -8,7 +8,7 @@ families.
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -83,6 +83,27 @@ class Exposition(Protocol):
     def snapshot_json(self) -> list[dict[str, Any]]: ...
 
 
+MAX_HEADER_BYTES = 16 << 10
+
+
+class HeaderLimit:
+    """Answers 431 to a request whose header block passes MAX_HEADER_BYTES: h11 bounds only a
+    head still arriving, and one that arrives whole in a read is parsed at any size."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] == "http" and sum(
+                len(name) + len(value) + 4 for name, value in scope["headers"]) \
+                > MAX_HEADER_BYTES:
+            await PlainTextResponse(f"request headers over {MAX_HEADER_BYTES} bytes\n",
+                                    status_code=431)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(sampler: Exposition, routes: Routes,
                telemetry_path: str = "/metrics") -> FastAPI:
     app = FastAPI(title="llmmon", version=__version__, docs_url=None, redoc_url=None,
@@ -136,6 +157,7 @@ def create_app(sampler: Exposition, routes: Routes,
         _mount(app, f"/api/v1/{key}", "GET", lambda _query, handler=handler: handler())
     for key, action in routes.post.items():
         _mount(app, f"/api/v1/{key}", "POST", action)
+    app.add_middleware(HeaderLimit)
     return app
 
 

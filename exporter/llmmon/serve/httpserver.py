@@ -7,13 +7,16 @@ buffer before a byte is read: 1,100 bare connections ran the daemon out of file 
 
 - the socket is bound before anything else starts, so a port in use is one log line;
 - every accepted connection is counted from accept to close, TLS handshake included; at
-  `--web.max-connections` the connection idle longest (no request in progress), one that never
-  completed a request first, is closed to make room, so a scraper that connects during a flood
+  `--web.max-connections` one is closed to make room: one that never completed a request, then
+  one stuck (its client does not read the response, or its request was refused and waits out
+  the refusal delay), then the one idle longest; so a scraper that connects during a flood
   still gets in, and one on a keep-alive connection keeps it;
 - TLS starts (and asyncio allocates its buffer) only once a client sends its first byte;
 - a request, headers and body, must arrive within `--web.read-timeout` of its first byte (of
-  the accept, TLS handshake included, for a connection's first request); an idle keep-alive
-  connection is closed after `--web.idle-timeout` (uvicorn's own timer);
+  the accept, TLS handshake included, for a connection's first request), and a response must
+  leave within as long once the client stops reading it (pipelined requests whose answers are
+  never read hold a connection no longer than a request that never arrives); an idle
+  keep-alive connection is closed after `--web.idle-timeout` (uvicorn's own timer);
 - the soft open-file limit is raised to the hard one, and connections stay `FD_RESERVE`
   descriptors below it, for the collectors;
 - on SIGTERM listening stops, one line is logged, and requests in progress get
@@ -46,6 +49,9 @@ SUMMARY_PERIOD = 60.0  # seconds between two summaries of closed connections
 ACCEPT_RETRY = 0.1  # seconds to wait after a failed accept (out of descriptors or memory)
 ACCEPT_BATCH = 64  # connections accepted per wakeup; fewer than FD_RESERVE
 TICK = 1.0  # seconds between the server loop's wakeups (uvicorn's: 0.1)
+# Set in a request's ASGI scope by an app that refused it and holds the answer back on purpose
+# (basic auth's refusal delay): its connection may be closed to make room for another client.
+REFUSED = "llmmon.refused"
 
 
 @dataclass(frozen=True)
@@ -93,10 +99,26 @@ class Connection(H11Protocol):
         self.opening: asyncio.Task[None] | None = None  # until connection_made (TLS handshake)
         self.unowned: socket.socket | None = None  # accepted, not yet handed to a transport
         self.served = False  # a response completed on it
+        self.blocked_since: float | None = None  # the client stopped reading our response
 
     @property
     def busy(self) -> bool:
         return self.conn.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY)
+
+    @property
+    def stuck(self) -> bool:
+        """A response in progress that is not getting through, or held back on purpose."""
+        refused = self.cycle is not None and bool(self.cycle.scope.get(REFUSED))
+        return self.busy and (self.blocked_since is not None or refused)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.blocked_since is None:
+            self.blocked_since = time.monotonic()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.blocked_since = None
 
     def _owes_request(self) -> bool:
         """True while part of a request (headers or body) has arrived and the rest has not."""
@@ -229,10 +251,12 @@ class Listener:
             pass  # Connection.opened cleans up
 
     def _make_room(self) -> bool:
-        """Close the connection idle longest, one that never completed a request first (a
-        flood's); False when every connection has a request in progress."""
+        """Close one connection: idle and never served (a flood's), else stuck (see
+        Connection.stuck), else the one idle longest; False when every connection has a
+        request in progress that is getting through."""
         idle = [c for c in self._open if not c.busy]
-        victim = next((c for c in idle if not c.served), idle[0] if idle else None)
+        victim = next((c for c in idle if not c.served), None) or next(
+            (c for c in self._open if c.stuck), None) or (idle[0] if idle else None)
         if victim is None:
             return False
         self.forget(victim)
@@ -246,12 +270,17 @@ class Listener:
             await asyncio.sleep(period)
             deadline = time.monotonic() - self.limits.read_timeout
             late = [c for c in self._open if c.owed_since is not None and c.owed_since < deadline]
-            for connection in late:
+            unread = [c for c in self._open if c not in late and c.blocked_since is not None
+                      and c.blocked_since < deadline]
+            for connection in late + unread:
                 self.forget(connection)
                 connection.close()
             if late:
                 self._closed["request not received within --web.read-timeout="
                              f"{self.limits.read_timeout:g}s"] += len(late)
+            if unread:
+                self._closed["response not read within --web.read-timeout="
+                             f"{self.limits.read_timeout:g}s"] += len(unread)
             self._summarise()
 
     def _summarise(self) -> None:

@@ -23,12 +23,15 @@ import logging
 import os
 import re
 import ssl
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 import bcrypt
 import yaml
+
+from llmmon.serve.httpserver import REFUSED
 
 log = logging.getLogger("llmmon.serve.webconfig")
 
@@ -96,8 +99,9 @@ MAX_PASSWORD_BYTES = 72
 # queues in front of a scraper whose credentials already matched.
 CONCURRENT_CHECKS = max(1, (os.cpu_count() or 2) // 2)
 PENDING_CHECKS = 16
-# A refused request (401, 503) is answered after this long, the connection held at the cost of
-# a sleeping coroutine: a client guessing passwords in a loop then makes one guess a second
+# A refused request (401, 503) is answered this long after it arrived, whatever the user and
+# whatever its bcrypt check cost (a user whose hash has a higher cost is not told apart from a
+# name that does not exist), the connection held at the cost of a sleeping coroutine: a client guessing passwords in a loop then makes one guess a second
 # instead of as many as the event loop can refuse, and the loop stays free for the scraper
 # (200 such clients without it kept a matched scrape waiting 1.3 s at p99).
 REFUSED_DELAY = 1.0
@@ -328,6 +332,7 @@ class WebConfig:
         self._matched: OrderedDict[str, None] = OrderedDict()
         self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
         self._waiting = 0
+        self.refused_reloads = 0
 
     @property
     def serves_tls(self) -> bool:
@@ -358,6 +363,12 @@ class WebConfig:
                        if fresh.tls is not None and running is not None else self._context)
         except ValueError as exc:
             log.error("keeping the previous web config: %s", exc)
+            return
+        weaker = _weakened(self._settings, fresh, running is not None)
+        if weaker:
+            self.refused_reloads += 1
+            log.error("keeping the previous web config: %s %s; that takes a restart (a file "
+                      "truncated or emptied must not open the exporter)", self.path, weaker)
             return
         if (fresh.tls is None) != (running is None) or (
                 fresh.tls is not None and running is not None
@@ -403,6 +414,7 @@ class WebConfig:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
+            arrived = time.monotonic()
             settings = self.current()
             if settings.headers:
                 send = _with_headers(send, settings.headers)
@@ -412,7 +424,8 @@ class WebConfig:
             if status == 200:
                 await app(scope, receive, send)
                 return
-            await asyncio.sleep(REFUSED_DELAY)
+            scope[REFUSED] = True  # the listener may close this connection to make room
+            await asyncio.sleep(max(0.0, REFUSED_DELAY - (time.monotonic() - arrived)))
             headers = [(b"content-type", b"text/plain; charset=utf-8")]
             if status == 401:
                 headers.append((b"www-authenticate", b"Basic"))
@@ -455,6 +468,15 @@ class WebConfig:
         while len(self._matched) > AUTH_CACHE_SIZE:
             self._matched.popitem(last=False)
         return 200
+
+
+def _weakened(running: WebSettings, fresh: WebSettings, serving_tls: bool) -> str:
+    """What `fresh` would turn off that the running server has: '' when nothing."""
+    if serving_tls and fresh.tls is None:
+        return "would turn TLS off"
+    if running.users and not fresh.users:
+        return "would turn basic authentication off"
+    return ""
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
