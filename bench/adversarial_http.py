@@ -11,7 +11,11 @@ attacker on 127.0.0.1 keeps up one of:
 - `slowloris`: 200 TLS connections trickling header lines and 200 trickling a body, a byte
   every second each, reopened as they are closed;
 - `tls-idle`: 720 idle connections, half of them after a TLS handshake, half before one;
-- `auth-flood`: 200 clients sending wrong passwords as fast as they are answered.
+- `auth-flood`: 200 clients sending wrong passwords as fast as they are answered;
+- `pipeline-unread`: 300 TLS connections that pipeline 100 authenticated scrapes each and never
+  read an answer, reopened as they are closed;
+- `pipeline-refused`: the same without credentials (each refusal is held back a second);
+- `header-bomb`: 50 clients sending requests with 64 KiB of headers as fast as answered.
 
 Sampled every 0.5 s: the daemon's RSS and open descriptors; reported: their peaks, scrape
 p50/p99/max and failures, and how much the log grew. Every attack is bounded: a case opens at
@@ -145,8 +149,9 @@ class Scraper(threading.Thread):
 
 
 def hold(port: int, count: int, until: float, opener: Callable[[], socket.socket],
-         trickle: bytes = b"") -> None:
-    """Keep `count` connections open until `until`, reopening closed ones (bounded)."""
+         trickle: bytes = b"", read: bool = True) -> None:
+    """Keep `count` connections open until `until`, reopening closed ones (bounded); with
+    `read` False nothing is read from them, and only a reset or hang-up counts as closed."""
     budget = 20 * count
     held: list[socket.socket] = []
     last_trickle = 0.0
@@ -159,11 +164,11 @@ def hold(port: int, count: int, until: float, opener: Callable[[], socket.socket
                 break
         poller = select.poll()
         for sock in held:
-            poller.register(sock, select.POLLIN)
+            poller.register(sock, select.POLLIN if read else 0)
         ready = {fd for fd, _ in poller.poll(0)}
         for sock in [s for s in held if s.fileno() in ready]:
             try:
-                if not sock.recv(65536):
+                if not read or not sock.recv(65536):
                     raise ConnectionError
             except (OSError, ssl.SSLError):
                 held.remove(sock)
@@ -210,7 +215,40 @@ def attack(case: str, port: int, cert: Path, until: float) -> None:
                                                    context=context)
                 time.sleep(0.05)
 
+    def unread(first: bytes) -> Callable[[], socket.socket]:
+        """A TLS connection that sends `first` and never reads: a small receive buffer, so the
+        daemon's answers back up at once, as on a client that stopped reading."""
+        def opener() -> socket.socket:
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.settimeout(5)
+            raw.connect(("127.0.0.1", port))
+            sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            sock.setblocking(False)
+            try:
+                sock.send(first)
+            except (ssl.SSLWantWriteError, BlockingIOError):
+                pass
+            return sock
+        return opener
+
+    def big_headers(n: int) -> None:
+        filler = "a" * 8000
+        headers = {f"X-Filler-{i}": filler for i in range(8)}
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+        while time.monotonic() < until:
+            try:
+                conn.request("GET", "/metrics", headers=headers)
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30,
+                                                   context=context)
+                time.sleep(0.05)
+
     head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    scrape = (head + b"Accept-Encoding: identity\r\nAuthorization: "
+              + basic(PASSWORD).encode() + b"\r\n\r\n")
     post = b"POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n"
     plans: dict[str, list[tuple[Callable[..., None], tuple]]] = {
         "idle": [],
@@ -219,6 +257,10 @@ def attack(case: str, port: int, cert: Path, until: float) -> None:
                       (hold, (port, 200, until, tls(post), b"x"))],
         "tls-idle": [(hold, (port, 360, until, tls(b""))), (hold, (port, 360, until, bare))],
         "auth-flood": [(wrong_passwords, (n,)) for n in range(200)],
+        "pipeline-unread": [(hold, (port, 300, until, unread(scrape * 100), b"", False))],
+        "pipeline-refused": [(hold, (port, 300, until, unread((head + b"\r\n") * 100), b"",
+                                     False))],
+        "header-bomb": [(big_headers, (n,)) for n in range(50)],
     }
     threads = [threading.Thread(target=f, args=a, daemon=True) for f, a in plans[case]]
     for thread in threads:
@@ -261,9 +303,11 @@ def run_case(case: str, seconds: float, workdir: Path, cert: Path, key: Path,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="each case's length")
-    parser.add_argument("--cases", default="idle,tcp-flood,slowloris,tls-idle,auth-flood")
-    parser.add_argument("--pythonpath", default=str(ROOT / ".src"),
-                        help="where `llmmon` is imported from (default: this checkout's .src)")
+    parser.add_argument("--cases", default="idle,tcp-flood,slowloris,tls-idle,auth-flood,"
+                        "pipeline-unread,pipeline-refused,header-bomb")
+    parser.add_argument("--pythonpath",
+                        default=os.pathsep.join(str(ROOT / d) for d in ("exporter", "reporter")),
+                        help="where `llmmon` is imported from (default: this checkout)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" /
                                              "adversarial_http.json"))
     args = parser.parse_args()

@@ -13,7 +13,7 @@ real job's four ranks stayed fresh (llmmon_rank_up 1 in every scrape after the f
 first 5 s) and whether its dump sets survived; prints a table and writes
 bench/results/adversarial_spool.json.
 
-    PYTHONPATH=.src python bench/adversarial_spool.py [--seconds 60]
+    PYTHONPATH=exporter:reporter python bench/adversarial_spool.py [--seconds 60]
 """
 
 from __future__ import annotations

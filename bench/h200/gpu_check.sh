@@ -13,10 +13,7 @@ set -u
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder for results}"
 mkdir -p "$OUT"
-mkdir -p .src  # the import names (llmmon, llmmon_reporter) over the checkout's folders
-[ -e .src/llmmon ] || ln -s ../exporter .src/llmmon
-[ -e .src/llmmon_reporter ] || ln -s ../reporter/llmmon_reporter .src/llmmon_reporter
-export PYTHONPATH="$PWD/.src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/exporter:$PWD/reporter:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK=$(mktemp -d)
 SERVE_PID=""
 

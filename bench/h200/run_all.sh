@@ -24,10 +24,7 @@ pack() { tar czf "$OUT/h200.tgz" -C "$RESULTS" .; }
 step "the exporter's dependencies from .whl into /tmp/site"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl > "$RESULTS/pip.log" 2>&1 || tail -5 "$RESULTS/pip.log"
-mkdir -p .src
-[ -e .src/llmmon ] || ln -s ../exporter .src/llmmon
-[ -e .src/llmmon_reporter ] || ln -s ../reporter/llmmon_reporter .src/llmmon_reporter
-export PYTHONPATH="$PWD/.src:$PWD:/tmp/site" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/exporter:$PWD/reporter:$PWD:/tmp/site" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0),
 'nccl', torch.cuda.nccl.version())" 2>&1 | tail -1
