@@ -17,8 +17,8 @@ prometheus-node-exporter; its infiniband and diskstats collectors on the same si
 and procfs trees) is scraped at the same cadence beside it, and its CPU measured alike.
 
 Reports RSS and CPU over the run, scrape latency p50/p99 idle and under load, the largest
-series count, and one table of the performance issue's targets (pass/miss, with the
-previous soak's figure beside each); writes bench/results/soak.json.  RSS and CPU are those of
+series count, and one table of the daemon's targets (pass/miss, with a previous soak's
+figure beside each); writes bench/results/soak.json.  RSS and CPU are those of
 `llmmon serve`'s two processes, the server and its collector process, each and summed.  CPU is
 reported as measured (percent of one core during the compressed run: N times an hour's
 collections and scrapes) and per uncompressed hour (CPU seconds / the simulated seconds, plus
@@ -67,8 +67,8 @@ ROTATION = (["healthy"], ["starvation"], ["thermal", "pfc-storm"],
             ["link-flap:every=60"], ["hang"], ["gpu-lost"], ["healthy"])
 BUDGET = 2000
 SAMPLER_PERCENT = 0.38  # 20 Hz power sampling of 8 GPUs, % of one core (bench/gpu_collector.py)
-# The previous measured soak (stop 21: the first with the collector process), beside each
-# target.
+# A previous measured soak (2026-12-02, the first with the collector process), beside each
+# target (docs/benchmarks/2026-12-05-soak.md).
 PREVIOUS = {"scrape_p99_ms": "8.81", "p99_over_idle": "1.5x",
             "rss_mib": "server 70.2 + collector 56.6 = 126.8", "rss_growth_mib": "1.1",
             "cpu_percent_hour": "1.46", "series": "1,958"}
@@ -359,7 +359,7 @@ def main() -> int:
     rows = targets(result)
     result["targets"] = [dict(zip(("target", "figure", "goal", "met", "previous"), row))
                          for row in rows]
-    print(f"\n{'target':34}{'figure':52}{'goal':16}{'':6}previous (stop 21)")
+    print(f"\n{'target':34}{'figure':52}{'goal':16}{'':6}previous (2026-12-02)")
     for target, figure, goal, met, previous in rows:
         print(f"{target:34}{figure:52}{goal:16}{'pass' if met else 'MISS':6}{previous}")
     out = ROOT / "bench" / "results"
