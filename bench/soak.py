@@ -29,7 +29,8 @@ collector's share of a core, per uncompressed hour, is what its runs took
 (/api/v1/collectors' `cpu_seconds`, CPU time, not wall time); the collector process'
 CPU outside its runs is reported as measured.  RSS growth is judged over the last 30 simulated
 minutes (`--hours 2` shows whether a rise in the first hour levels off).
-`--compression 20` takes three minutes.
+`--compression 20` takes three minutes.  `--write-result` also writes the targets table and the
+collectors' runs as the dated result docs/benchmarks/<date>-soak.md (bench/common.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import daemon_parts, free_port, pss_mib, rss_mib, stop, wait_http
+from common import daemon_parts, free_port, pss_mib, rss_mib, stop, wait_http, write_result
 from scrape import PROMETHEUS_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -331,6 +332,8 @@ def main() -> int:
     parser.add_argument("--no-hog", action="store_true", help="no second CPU-bound process")
     parser.add_argument("--ring", type=int, default=2000,
                         help="Flight Recorder records per rank (default 2000, full rings)")
+    parser.add_argument("--write-result", action="store_true",
+                        help="write the dated result docs/benchmarks/<date>-soak.md")
     args = parser.parse_args()
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="llmmon-soak-", dir=shm))
@@ -365,7 +368,33 @@ def main() -> int:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.write_result:
+        path = write_result("soak", result_markdown(args, result, rows),
+                            title="Soak of the fat simulated node")
+        print(f"wrote {path}")
     return 0 if all(row[3] for row in rows) else 1
+
+
+def result_markdown(args: argparse.Namespace, result: dict, rows: list) -> str:
+    """The dated result: the run's shape, the targets (met or missed) and each collector's runs."""
+    llmmon = result["cpu"]["llmmon"]
+    hog = "no CPU hog" if args.no_hog else f"a CPU hog after the first {args.idle_fraction:.0%}"
+    lines = [f"{args.hours:g} simulated hours at x{args.compression:g} "
+             f"({result['wall_seconds']:g} s of wall time), {hog}, {args.ring}-record rings; "
+             f"{result['scrapes']['idle']} idle and "
+             f"{result['scrapes']['loaded']} loaded scrapes. Method: the docstring of "
+             "`bench/soak.py`.", "",
+             "| target | figure | goal | met |", "|---|---|---|---|"]
+    lines += [f"| {target} | {figure} | {goal} | {'met' if met else '**missed**'} |"
+              for target, figure, goal, met, _ in rows]
+    lines += ["", "| collector | run median ms | interval s | CPU, % of a core per hour |",
+              "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {run['median_ms']} | {run['interval_s'] or '-'} | {run['cpu_percent']} |"
+              for name, run in result["collector_runs"].items()]
+    lines += ["", f"All runs {llmmon['collector_runs_percent']} % of a core; the collector "
+              "process outside its runs, as measured, "
+              f"{llmmon['collector_outside_runs_measured_percent']} %."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the dated result docs/benchmarks/<date>-faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
-                        help="run nothing: print (and with --write-result write) the table of results "
-                        "files; a class in a later file replaces the earlier one")
+                        help="run nothing: print (and with --write-result write) the table of "
+                        "results files; a class in a later file replaces the earlier one")
     args = parser.parse_args(argv)
     every = classes(args.healthy)
     known = {c.name: c for c in every}
