@@ -293,7 +293,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
 
 
 def targets(result: dict) -> list[tuple[str, str, str, bool, str]]:
-    """(target, figure, goal, met, the previous soak's figure) for the performance issue."""
+    """(target, figure, goal, met, the previous soak's figure) for the daemon's targets."""
     scrape_ms, rss, cpu = result["scrape_ms"], result["rss_mib"], result["cpu"]
     ratio = scrape_ms["p99"] / scrape_ms["idle_p99"] if scrape_ms["idle_p99"] else float("inf")
     peer = cpu.get("node_exporter", {}).get("per_hour_percent")
