@@ -47,7 +47,7 @@ class Generator:
 # generator write.
 GENERATORS = (
     Generator("python -m llmmon.docsgen", lambda tree: docsgen.render(Path("docs"))),
-    Generator("python -m llmmon.diagnose.schema",
+    Generator("python -m llmmon.diagnose.schema > docs/diagnose.schema.json",
               lambda tree: {Path("docs/diagnose.schema.json"): schema.text()}),
     Generator("python -m alerts.render", lambda tree: _relative(
         alerts.render_files(alerts.render(alerts.load_thresholds())))),
