@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import free_port, rss_mib, stop, wait_http, write_result
+from common import free_port, rss_mib, stop, wait_http, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -176,7 +176,7 @@ def main() -> int:
               f"{r['body_bytes_max'] / 1000:>9.1f}"
               f"{('yes' if r['real_job_fresh'] else 'no') + ' ' + r['real_job_fresh_scrapes']:>16}"
               f"{len(r['real_job_dump_sets']):>11}")
-    write_result("adversarial_spool", results)
+    write_json("adversarial_spool", results)
     return 0 if all(r["real_job_fresh"] and len(r["real_job_dump_sets"]) == 2
                     for r in results) else 1
 

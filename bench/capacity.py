@@ -18,13 +18,14 @@ dashboards (from dashboards/*.json at their default time range, step = range / 1
 rounded to at least the 15 s scrape interval, as Grafana computes it; `$__rate_interval` = 4
 scrape intervals, every template variable = All).
 
-Writes bench/results/capacity.json; `--write-docs` regenerates the measured block of
-docs/capacity.md (the table and the extrapolation).  Rules come from alerts/rules/ unless
+Writes bench/results/capacity.json; `--write-result` writes the table and the extrapolation as
+the dated result docs/benchmarks/<date>-capacity.md (bench/common.py).  Rules come from
+alerts/rules/ unless
 `--rules DIR` (e.g. an older render, for a before/after comparison); `--no-rules` runs
 Prometheus without rule files and VictoriaMetrics without vmalert: what scraping and storing
 alone cost, beside which the rules' share of the machine reads.
 
-    python bench/capacity.py --nodes 125 250 500 1000 --write-docs
+    python bench/capacity.py --nodes 125 250 500 1000 --write-result
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any, Callable, Iterator
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import free_port, stop, wait_http
+from common import free_port, stop, wait_http, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ("llmmon-cluster-wall.json", "llmmon-triage.json")
@@ -59,7 +60,6 @@ QUERY_TIMEOUT_S = 20.0  # a panel slower than this is broken anyway
 QUERY_BUDGET_S = 120.0  # all dashboard queries of one run
 BIN = {name: shutil.which(name) for name in
        ("prometheus", "victoria-metrics", "vmagent", "vmalert", "prometheus-alertmanager")}
-MARK_START, MARK_END = "<!-- capacity-table:start -->", "<!-- capacity-table:end -->"
 GPUS = 8
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -597,10 +597,11 @@ def extrapolation(results: list[dict[str, Any]]) -> str:
 
 
 def write_docs(block: str) -> None:
-    path = ROOT / "docs" / "capacity.md"
-    text = path.read_text()
-    start, end = text.index(MARK_START) + len(MARK_START), text.index(MARK_END)
-    path.write_text(text[:start] + "\n" + block + "\n" + text[end:])
+    """docs/benchmarks/<date>-capacity.md: the table and the extrapolation, after the header
+    that says when, on what and at which commit.  How to read it: docs/capacity.md."""
+    path = write_result("capacity", "How to read it: [capacity.md](../capacity.md).\n\n" + block,
+                        title="Capacity: Prometheus and VictoriaMetrics against a simulated fleet")
+    print(f"wrote {path}")
 
 
 def main() -> int:
@@ -617,7 +618,8 @@ def main() -> int:
     parser.add_argument("--measure", type=float, default=90.0,
                         help="seconds of sampling (default 90: six evaluations)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "capacity.json")
-    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--write-result", "--write-docs", dest="write_docs", action="store_true",
+                        help="write the dated result docs/benchmarks/<date>-capacity.md")
     parser.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                         help="measure nothing: build the table from earlier --out files")
     args = parser.parse_args()

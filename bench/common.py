@@ -1,15 +1,19 @@
-"""Benchmark helpers: start exporters, scrape them over one keep-alive connection, read RSS."""
+"""Benchmark helpers: start exporters, scrape them over one keep-alive connection, read RSS, and
+write results: raw JSON under bench/results/, the dated result file under docs/benchmarks/."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -95,12 +99,98 @@ def scrape_times(port: int, path: str, count: int, headers: dict[str, str]) -> T
     return Timing(statistics.median(samples), samples[int(len(samples) * 0.99) - 1], size)
 
 
-def write_result(name: str, result: object) -> Path:
-    """bench/results/<name>.json."""
-    out = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "docs" / "benchmarks"
+
+
+def write_json(name: str, result: object) -> Path:
+    """bench/results/<name>.json: the raw figures, not committed."""
+    out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def _git(*args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> str:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def result_header(title: str, when: datetime, command: str) -> str:
+    """The facts every dated result starts with: when, what ran, on what, at which commit."""
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    if _git("status", "--porcelain", "--untracked-files=no"):
+        commit += " with uncommitted changes"
+    try:
+        load = f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        load = "unknown"
+    rows = [("date", when.strftime("%Y-%m-%d %H:%M UTC")),
+            ("command", f"`{command}`"),
+            ("host cores", f"{os.cpu_count()} ({_cpu_model()}), {_memory_gib()} memory, "
+                           f"load average {load} when written"),
+            ("kernel", f"{platform.system()} {platform.release()}"),
+            ("python", platform.python_version()),
+            ("git commit", commit)]
+    return "\n".join([f"# {title}", "", "| | |", "|---|---|",
+                      *(f"| {key} | {value} |" for key, value in rows), ""])
+
+
+def write_result(name: str, markdown: str, *, title: str | None = None,
+                 command: str | None = None, when: datetime | None = None,
+                 out_dir: Path | None = None) -> Path:
+    """Write a benchmark's result as docs/benchmarks/<YYYY-MM-DD>-<name>.md and return its path.
+
+    The file starts with a header (date, command, host cores, kernel, python, git commit) and
+    then `markdown`, the bench's own tables and notes.  A second result of the same bench on the
+    same day gets `-2`, `-3`, ... : a dated result is never overwritten.  Add the new file to
+    docs/benchmarks/README.md and point the method page at it when it becomes the figure of
+    record.
+    """
+    when = when or datetime.now(timezone.utc)
+    out = out_dir or RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{when:%Y-%m-%d}-{name}"
+    path, n = out / f"{stem}.md", 1
+    while path.exists():
+        n += 1
+        path = out / f"{stem}-{n}.md"
+    if command is None:
+        script = Path(sys.argv[0])
+        try:
+            script = script.resolve().relative_to(ROOT)
+        except ValueError:
+            pass
+        command = " ".join([f"python {script}", *sys.argv[1:]])
+    header = result_header(title or f"{name}: benchmark result", when, command)
+    path.write_text(header + "\n" + markdown.rstrip("\n") + "\n", encoding="utf-8")
     return path
 
 

@@ -1,5 +1,5 @@
 """What each rule of a group costs VictoriaMetrics at fleet size, side by side with an older render
-of the same rules (issue 16: every group under 20 % of its interval at 1,250 nodes).
+of the same rules (target: every group under 20 % of its interval at 1,250 nodes).
 
     python bench/rule_cost.py --nodes 500 [--group G ... | --all-groups] [--recorded]
                               [--hung-jobs 2] [--baseline REV] [--runs 5]

@@ -3,7 +3,8 @@
 Both exporters read the same diskstats (the test fixture tree, or a synthetic one with
 --devices N).  node_exporter runs only its diskstats collector; llmmon only its disk collector.
 Each gets --count scrapes on one keep-alive connection, plain text and as Prometheus asks
-(OpenMetrics, gzip).  Prints a table and writes JSON to bench/results/scrape.json.
+(OpenMetrics, gzip).  Prints a table and writes JSON to bench/results/scrape.json;
+`--write-result` also writes the table as the dated result docs/benchmarks/<date>-scrape.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import free_port, rss_mib, scrape_times, stop, wait_http
+from common import free_port, rss_mib, scrape_times, stop, wait_http, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_HEADERS = {
@@ -58,6 +59,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--devices", type=int, default=0,
                         help="synthetic disks instead of the fixture tree's diskstats")
+    parser.add_argument("--write-result", action="store_true",
+                        help="write the dated result docs/benchmarks/<date>-scrape.md")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,6 +94,18 @@ def main() -> int:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "scrape.json").write_text(json.dumps(results, indent=2))
+    if args.write_result:
+        rows = [f"{args.count} scrapes each on one keep-alive connection, diskstats of "
+                f"{args.devices or 'the fixture'} devices.", "",
+                "| exporter | median | p99 | median, as Prometheus scrapes | p99, as Prometheus "
+                "scrapes | bytes | RSS |", "|---|---:|---:|---:|---:|---:|---:|"]
+        rows += [f"| {r['exporter']} | {r['plain']['median_ms']:.2f} ms | "
+                 f"{r['plain']['p99_ms']:.2f} ms | {r['prometheus']['median_ms']:.2f} ms | "
+                 f"{r['prometheus']['p99_ms']:.2f} ms | {r['plain']['bytes']} | "
+                 f"{r['rss_mib']:.1f} MiB |" for r in results]
+        path = write_result("scrape", "\n".join(rows) + "\n",
+                            title="Scrape latency: llmmon against node_exporter")
+        print(f"wrote {path}")
     return 0
 
 

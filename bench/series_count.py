@@ -5,8 +5,9 @@ NIC fixture trees, ethtool and netlink dumps, diskstats, and the spool of a 4-ra
 copied and dated now so that its ranks are live), waits until every collector has run, and
 counts the samples of one scrape, per collector from /api/v1/collectors. The table assumes a
 training job on every node with one rank per GPU: the fixture job's per-rank series are scaled
-from its 4 ranks to 8. Prints the table; `--write-docs` replaces the generated block of
-docs/capacity.md; JSON goes to bench/results/series_count.json.
+from its 4 ranks to 8. Prints the table; `--write-result` writes it as the dated result
+docs/benchmarks/<date>-series-count.md (bench/common.py); JSON goes to
+bench/results/series_count.json.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from common import free_port, rss_mib, stop, wait_http
+from common import free_port, rss_mib, stop, wait_http, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -48,7 +48,6 @@ BYTES_PER_SERIES = 4096
 ONE_PROMETHEUS_MAX_SERIES = 2_000_000
 # The GPU collector's slow calls (energy, ECC, PCIe, NVLink) run every 15 s: scrape after them.
 SETTLE_S = 16
-MARK_START, MARK_END = "<!-- series-table:start -->", "<!-- series-table:end -->"
 
 
 def measure() -> dict:
@@ -150,18 +149,17 @@ def table(result: dict) -> str:
 
 
 def write_docs(text: str) -> None:
-    path = ROOT / "docs" / "capacity.md"
-    doc = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
-    assert pattern.search(doc), f"{path} lacks the {MARK_START} ... {MARK_END} block"
-    path.write_text(pattern.sub(lambda _: f"{MARK_START}\n{text}{MARK_END}", doc),
-                    encoding="utf-8")
+    """docs/benchmarks/<date>-series-count.md: the planning table, after the header that says
+    when, on what and at which commit.  How it is measured: docs/capacity.md."""
+    path = write_result("series-count", "How it is measured: [capacity.md](../capacity.md).\n\n"
+                        + text, title="Series per node on the fixture node (planning table)")
+    print(f"wrote {path}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true",
-                        help="Replace the generated table in docs/capacity.md.")
+    parser.add_argument("--write-result", "--write-docs", dest="write_docs", action="store_true",
+                        help="Write the dated result docs/benchmarks/<date>-series-count.md.")
     args = parser.parse_args()
     result = measure()
     text = table(result)

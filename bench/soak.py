@@ -17,8 +17,8 @@ prometheus-node-exporter; its infiniband and diskstats collectors on the same si
 and procfs trees) is scraped at the same cadence beside it, and its CPU measured alike.
 
 Reports RSS and CPU over the run, scrape latency p50/p99 idle and under load, the largest
-series count, and one table of the performance issue's targets (pass/miss, with the
-previous soak's figure beside each); writes bench/results/soak.json.  RSS and CPU are those of
+series count, and one table of the daemon's targets (pass/miss, with a previous soak's
+figure beside each); writes bench/results/soak.json.  RSS and CPU are those of
 `llmmon serve`'s two processes, the server and its collector process, each and summed.  CPU is
 reported as measured (percent of one core during the compressed run: N times an hour's
 collections and scrapes) and per uncompressed hour (CPU seconds / the simulated seconds, plus
@@ -29,7 +29,8 @@ collector's share of a core, per uncompressed hour, is what its runs took
 (/api/v1/collectors' `cpu_seconds`, CPU time, not wall time); the collector process'
 CPU outside its runs is reported as measured.  RSS growth is judged over the last 30 simulated
 minutes (`--hours 2` shows whether a rise in the first hour levels off).
-`--compression 20` takes three minutes.
+`--compression 20` takes three minutes.  `--write-result` also writes the targets table and the
+collectors' runs as the dated result docs/benchmarks/<date>-soak.md (bench/common.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import daemon_parts, free_port, pss_mib, rss_mib, stop, wait_http
+from common import daemon_parts, free_port, pss_mib, rss_mib, stop, wait_http, write_result
 from scrape import PROMETHEUS_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,8 +68,8 @@ ROTATION = (["healthy"], ["starvation"], ["thermal", "pfc-storm"],
             ["link-flap:every=60"], ["hang"], ["gpu-lost"], ["healthy"])
 BUDGET = 2000
 SAMPLER_PERCENT = 0.38  # 20 Hz power sampling of 8 GPUs, % of one core (bench/gpu_collector.py)
-# The previous measured soak (stop 21: the first with the collector process), beside each
-# target.
+# A previous measured soak (2026-12-02, the first with the collector process), beside each
+# target (docs/benchmarks/2026-12-05-soak.md).
 PREVIOUS = {"scrape_p99_ms": "8.81", "p99_over_idle": "1.5x",
             "rss_mib": "server 70.2 + collector 56.6 = 126.8", "rss_growth_mib": "1.1",
             "cpu_percent_hour": "1.46", "series": "1,958"}
@@ -292,7 +293,7 @@ def soak(work: Path, hours: float, compression: float, samples: int,
 
 
 def targets(result: dict) -> list[tuple[str, str, str, bool, str]]:
-    """(target, figure, goal, met, the previous soak's figure) for the performance issue."""
+    """(target, figure, goal, met, the previous soak's figure) for the daemon's targets."""
     scrape_ms, rss, cpu = result["scrape_ms"], result["rss_mib"], result["cpu"]
     ratio = scrape_ms["p99"] / scrape_ms["idle_p99"] if scrape_ms["idle_p99"] else float("inf")
     peer = cpu.get("node_exporter", {}).get("per_hour_percent")
@@ -331,6 +332,8 @@ def main() -> int:
     parser.add_argument("--no-hog", action="store_true", help="no second CPU-bound process")
     parser.add_argument("--ring", type=int, default=2000,
                         help="Flight Recorder records per rank (default 2000, full rings)")
+    parser.add_argument("--write-result", action="store_true",
+                        help="write the dated result docs/benchmarks/<date>-soak.md")
     args = parser.parse_args()
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="llmmon-soak-", dir=shm))
@@ -359,13 +362,39 @@ def main() -> int:
     rows = targets(result)
     result["targets"] = [dict(zip(("target", "figure", "goal", "met", "previous"), row))
                          for row in rows]
-    print(f"\n{'target':34}{'figure':52}{'goal':16}{'':6}previous (stop 21)")
+    print(f"\n{'target':34}{'figure':52}{'goal':16}{'':6}previous (2026-12-02)")
     for target, figure, goal, met, previous in rows:
         print(f"{target:34}{figure:52}{goal:16}{'pass' if met else 'MISS':6}{previous}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.write_result:
+        path = write_result("soak", result_markdown(args, result, rows),
+                            title="Soak of the fat simulated node")
+        print(f"wrote {path}")
     return 0 if all(row[3] for row in rows) else 1
+
+
+def result_markdown(args: argparse.Namespace, result: dict, rows: list) -> str:
+    """The dated result: the run's shape, the targets (met or missed) and each collector's runs."""
+    llmmon = result["cpu"]["llmmon"]
+    hog = "no CPU hog" if args.no_hog else f"a CPU hog after the first {args.idle_fraction:.0%}"
+    lines = [f"{args.hours:g} simulated hours at x{args.compression:g} "
+             f"({result['wall_seconds']:g} s of wall time), {hog}, {args.ring}-record rings; "
+             f"{result['scrapes']['idle']} idle and "
+             f"{result['scrapes']['loaded']} loaded scrapes. Method: the docstring of "
+             "`bench/soak.py`.", "",
+             "| target | figure | goal | met |", "|---|---|---|---|"]
+    lines += [f"| {target} | {figure} | {goal} | {'met' if met else '**missed**'} |"
+              for target, figure, goal, met, _ in rows]
+    lines += ["", "| collector | run median ms | interval s | CPU, % of a core per hour |",
+              "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {run['median_ms']} | {run['interval_s'] or '-'} | {run['cpu_percent']} |"
+              for name, run in result["collector_runs"].items()]
+    lines += ["", f"All runs {llmmon['collector_runs_percent']} % of a core; the collector "
+              "process outside its runs, as measured, "
+              f"{llmmon['collector_outside_runs_measured_percent']} %."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

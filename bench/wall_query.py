@@ -1,5 +1,5 @@
 """The cluster wall's slowest query at fleet size: the GPU power timeline, side by side with the
-join it replaced (issue 16: the wall under 1 s at 1,000 nodes).
+join it replaced (target: the wall's slowest query under 1 s at 1,000 nodes).
 
     python bench/wall_query.py --nodes 1000 [--settle 300] [--runs 5]
 

@@ -7,7 +7,8 @@ Runs real torchrun/gloo jobs under `llmmon launch` over two simulated nodes (ben
 cluster.py), injects one fault per job after a healthy warm-up (bench/faults/trainer.py) and
 watches the daemons' /api/v1/ranks, `llmmon diagnose` and Alertmanager's notifications
 (bench/faults/watch.py).  Prints a table per class, writes bench/results/faults.json and, with
---docs, the table into docs/faults.md.  Latencies count from the fault's onset.
+--write-result, the dated result docs/benchmarks/<date>-faults.md (bench/common.py).  Latencies
+count from the fault's onset.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.common import write_result
 from bench.faults import watch
 from bench.faults.classes import FaultClass, Sighting, classes
 from bench.faults.cluster import CHECKOUT, NODES, Cluster, Job, remove_namespaces
@@ -32,8 +34,6 @@ DIAGNOSE_EVERY = 2  # polls between diagnose runs (each costs a few requests per
 START_TIMEOUT = 600.0  # a loaded 2-core machine takes minutes to start four torch ranks
 ONSET_TIMEOUT = 60.0
 RESULTS = CHECKOUT / "bench" / "results" / "faults.json"
-DOC = CHECKOUT / "docs" / "faults.md"
-MARK = "<!-- table -->"
 SOURCES = ("api", "diagnose", "page")
 
 
@@ -292,14 +292,16 @@ def measured(metas: list[dict[str, Any]]) -> str:
             + ". A class of a later run replaces the earlier run's row.")
 
 
-def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> None:
+def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> Path:
+    """docs/benchmarks/<date>-faults.md: how the runs were made, the table, what each source
+    said first.  The columns are explained in docs/faults.md."""
     table = "\n".join([HEADER, *map(row, results)])
-    text = DOC.read_text(encoding="utf-8")
-    head, _, rest = text.partition(MARK)
-    _, _, tail = rest.partition(MARK)
-    body = (f"{MARK}\n{measured(metas)}\n\n{table}\n\nWhat each source said first:\n\n"
-            f"{said(results)}\n{MARK}")
-    DOC.write_text(head + body + tail, encoding="utf-8")
+    body = (f"{measured(metas)} Columns and method: [faults.md](../faults.md).\n\n{table}\n\n"
+            f"What each source said first:\n\n{said(results)}\n")
+    command = " ".join(["PYTHONPATH=exporter:reporter python -m bench.faults.run", *sys.argv[1:]])
+    path = write_result("faults", body, title="Fault localisation benchmark", command=command)
+    print(f"wrote {path}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,11 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=3,
                         help="fault jobs at once besides the background ones")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--docs", action="store_true", help="write the table into docs/faults.md")
+    parser.add_argument("--write-result", "--docs", dest="docs", action="store_true",
+                        help="write the dated result docs/benchmarks/<date>-faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
-                        help="run nothing: print (and with --docs write) the table of results "
-                        "files; a class in a later file replaces the earlier one")
+                        help="run nothing: print (and with --write-result write) the table of "
+                        "results files; a class in a later file replaces the earlier one")
     args = parser.parse_args(argv)
     every = classes(args.healthy)
     known = {c.name: c for c in every}

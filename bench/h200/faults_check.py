@@ -1,4 +1,4 @@
-"""The fault benchmark's one-node GPU variant (issue 13): what one GPU's ranks can show.
+"""The fault benchmark's one-node GPU variant: what one GPU's ranks can show (docs/faults.md).
 
     PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT [--window 120]   # on the H200
     PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT --dry-run        # CPU, gloo only

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU collector on a real GPU (issue 3): llmmon serve for ~60 s while a bf16 matmul load
+# The GPU collector on a real GPU (docs/gpu.md): llmmon serve for ~60 s while a bf16 matmul load
 # alternates with idle gaps and a starved phase; a scrape and an nvidia-smi query each second,
 # compared; a fresh NVML snapshot in the replay format.  Run from anywhere; needs $OUT and the
 # exporter's dependencies importable (bench/h200/run_all.sh installs them from wheels).

@@ -1,4 +1,4 @@
-"""The reporter on a real GPU (issue 5): a one-rank NCCL job with timing on, checked end to end.
+"""The reporter on a real GPU: a one-rank NCCL job with timing on, checked end to end.
 
     PYTHONPATH=. python3 bench/h200/reporter_check.py $OUT        # on the H200, ~1.5 min
 

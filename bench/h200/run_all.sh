@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every H200 check in one prepared run, for a device lease (~7 min; each check's own docstring
 # says what it does), most wanted first:
-#   1. bench/h200/faults_check.py: the fault benchmark's one-GPU variant (issue 13);
+#   1. bench/h200/faults_check.py: the fault benchmark's one-GPU variant;
 #   2. bench/trainer_jitter.py --loops bf16: the reporter's main-thread stall per tick kind in a
-#      bf16 training loop with NCCL, stack capture included (issues 15 and 13);
+#      bf16 training loop with NCCL, stack capture included;
 #   3. bench/h200/reporter_check.py: the reporter's numbers against NCCL's and the allocator's;
 #   4. bench/h200/gpu_check.sh: the NVML collector against nvidia-smi under a bf16 load.
 # The exporter's dependencies travel as wheels in .whl (CONTRIBUTING.md says how to fetch them).

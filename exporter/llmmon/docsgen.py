@@ -78,12 +78,17 @@ RENDERERS: dict[str, Callable[[], str]] = {"metrics": metrics_markdown,
 FILES = {"metrics": "metrics.md", "config": "configuration.md"}
 
 
+def render(target: Path) -> dict[Path, str]:
+    """Each reference's path under `target` and its text: what main writes, what checks compare."""
+    return {target / filename: RENDERERS[what]() for what, filename in FILES.items()}
+
+
 def main(argv: list[str]) -> int:
     target = Path(argv[0] if argv else "docs")
     target.mkdir(parents=True, exist_ok=True)
-    for what, filename in FILES.items():
-        (target / filename).write_text(RENDERERS[what](), encoding="utf-8")
-        print(f"wrote {target / filename}")
+    for path, text in render(target).items():
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
     return 0
 
 

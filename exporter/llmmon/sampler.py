@@ -7,8 +7,8 @@ run is started until it returns.  Scrapes only concatenate bytes rendered here: 
 wait on hardware and never render.
 
 Each run is rendered in the formats that are scraped (`set_formats`; both until told): a node
-scraped by Prometheus alone is rendered in OpenMetrics only, half the rendering (the threads
-that check and render runs: 0.62 -> 0.46 % of a core on the fat simulated node).  A format
+scraped by Prometheus alone is rendered in OpenMetrics only, half the rendering, so that the
+daemon stays within its CPU target (docs/benchmarks/2026-12-05-soak.md).  A format
 asked for again is rendered from each collector's last good run at once, without waiting for
 the next runs.
 """

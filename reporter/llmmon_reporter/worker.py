@@ -42,7 +42,9 @@ def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class Cadence:
-    """Defaults from the issue; LLMMON_*_INTERVAL environment variables override them."""
+    """How often the reporter writes status, in-flight collectives and Flight Recorder entries:
+    the default cadences at which its cost to the training thread meets its targets
+    (docs/reporter.md); LLMMON_*_INTERVAL environment variables override them."""
 
     status: float = 1.0
     inflight: float = 5.0

@@ -16,7 +16,7 @@ from tests.conftest import markdown_sections
 # paragraph), which this checks against the shipped rules.
 DESIGN_ALERTS = set(re.findall(r"`(\w+)`", markdown_sections(
     render.ROOT / "docs" / "design.md")["alert-names"].strip().split("\n\n")[-1]))
-# Node health (issue 17, alerts/source/health.yaml): repair and fail-slow verdicts.
+# Node health (alerts/source/health.yaml): repair and fail-slow verdicts.
 HEALTH_ALERTS = {
     "GPUXidActionRequired", "GPURowRemapFailure", "GPURecoveryActionRequired",
     "GPUEccUncorrectableSinceBoot", "PCIeLinkDowntrained", "GPULinkErrorsAbovePeers",

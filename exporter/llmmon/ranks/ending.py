@@ -16,7 +16,7 @@ desync by size, `llmmon.ranks.desync.behind_abort`) is not blamed either: that p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmmon.ranks.failure import PEER_FAILURE
@@ -73,6 +73,90 @@ def end_of(track: RankTrack, process: Process | None) -> End | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Case:
+    """The ends of one job, read once for the rules that word its end."""
+
+    job: str
+    ends: list[End]
+    first: list[End]  # the ends that could be first with the best cause, earliest first
+    best: int  # their cause (`End.cause`)
+    ended: bool  # every local rank ended
+    rest: str  # the ranks still running, as the tail of a sentence
+
+    @classmethod
+    def of(cls, job: str, ranks: list[int], ends: list[End]) -> _Case:
+        ended = len(ends) == len(ranks)
+        alive = sorted(set(ranks) - {e.rank for e in ends})
+        latest = min(e.latest for e in ends)
+        possible = [e for e in ends if e.earliest <= latest]
+        best = min(e.cause for e in possible)
+        first = sorted((e for e in possible if e.cause == best), key=lambda e: e.earliest)
+        rest = "" if ended else f"; rank(s) {spans_text(alive)} still run"
+        return cls(job, ends, first, best, ended, rest)
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """One sentence on the job's end and the rank(s) it blames (none: no rank here is)."""
+
+    text: str
+    named: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # more keys for /api/v1/ranks
+
+
+def _all_normal(case: _Case) -> _Finding | None:
+    if case.best != 4 or any(e.cause != 4 for e in case.ends):
+        return None
+    if case.ended:
+        return _Finding(f"job {case.job} ended: every rank on this node exited normally")
+    return _Finding(f"job {case.job}: rank(s) {spans_text([e.rank for e in case.ends])} "
+                    f"exited normally{case.rest}")
+
+
+def _peer_lost(case: _Case) -> _Finding | None:
+    """Every end here is a peer's failure seen from this side: the rank that failed first is
+    one this daemon does not follow (another node's), or the network between them."""
+    if case.best != 3:
+        return None
+    lost = [e.rank for e in case.ends if e.cause == 3]
+    return _Finding(f"job {case.job}: rank(s) {spans_text(lost)} lost a peer "
+                    f"({case.first[0].error[:160]}): the rank that failed first is not on this "
+                    f"node, or the network between them failed{case.rest}")
+
+
+def _stopped_together(case: _Case) -> _Finding | None:
+    """Several ranks vanished within the same moment: stopped from outside, none blamed."""
+    if len(case.first) < 2 or case.best not in (1, 2):
+        return None
+    spread = max(e.latest for e in case.first) - min(e.earliest for e in case.first)
+    return _Finding(f"job {case.job} ended: ranks {spans_text([e.rank for e in case.first])} "
+                    f"stopped within {spread:.1f} s of each other without an exit record (a "
+                    f"signal from outside: torchrun's teardown, preemption or a kill){case.rest}")
+
+
+def _desync_abort(case: _Case, desync: Callable[[End], dict[str, Any] | None] | None
+                  ) -> _Finding | None:
+    """The first rank aborted on a peer's other collective: that peer is blamed."""
+    found = desync(case.first[0]) if desync is not None else None
+    if found is None:
+        return None
+    return _Finding(f"job {case.job}: {found['said']} (a desync); the rank that was to receive "
+                    f"it ended first ({case.first[0].words()}) without completing it, as gloo "
+                    f"aborts on a tensor of another size, and took the job down; fix the code "
+                    f"path of rank(s) {spans_text(found['odd'])}; rank(s) "
+                    f"{spans_text([e.rank for e in case.ends])} ended{case.rest}",
+                    found["odd"], {"desync": found})
+
+
+def _first_out(case: _Case) -> _Finding:
+    culprit = case.first[0]
+    others = [e.rank for e in case.ends if e.rank != culprit.rank]
+    after = f"; rank(s) {spans_text(others)} ended after it" if others else ""
+    return _Finding(f"job {case.job}: rank {culprit.rank} exited first ({culprit.words()}) and "
+                    f"took the job down{after}{case.rest}", [culprit.rank])
+
+
 def verdict(job: str, ranks: list[int], ends: list[End],
             desync: Callable[[End], dict[str, Any] | None] | None = None
             ) -> dict[str, Any] | None:
@@ -81,42 +165,9 @@ def verdict(job: str, ranks: list[int], ends: list[End],
     end only."""
     if not ends:
         return None
-    ended = len(ends) == len(ranks)
-    alive = sorted(set(ranks) - {e.rank for e in ends})
-    latest = min(e.latest for e in ends)
-    possible = [e for e in ends if e.earliest <= latest]
-    best = min(e.cause for e in possible)
-    first = sorted((e for e in possible if e.cause == best), key=lambda e: e.earliest)
-    rest = "" if ended else f"; rank(s) {spans_text(alive)} still run"
-    named: list[int] = []  # the rank(s) that took the job down
-    extra: dict[str, Any] = {}
-    if best == 4 and all(e.cause == 4 for e in ends):
-        text = (f"job {job} ended: every rank on this node exited normally" if ended else
-                f"job {job}: rank(s) {spans_text([e.rank for e in ends])} exited normally{rest}")
-    elif best == 3:
-        # Every end here is a peer's failure seen from this side: the rank that failed first is
-        # one this daemon does not follow (another node's), or the network between them.
-        lost = [e.rank for e in ends if e.cause == 3]
-        text = (f"job {job}: rank(s) {spans_text(lost)} lost a peer ({first[0].error[:160]}): "
-                f"the rank that failed first is not on this node, "
-                f"or the network between them failed{rest}")
-    elif len(first) > 1 and best in (1, 2):
-        spread = max(e.latest for e in first) - min(e.earliest for e in first)
-        text = (f"job {job} ended: ranks {spans_text([e.rank for e in first])} stopped within "
-                f"{spread:.1f} s of each other without an exit record (a signal from outside: "
-                f"torchrun's teardown, preemption or a kill){rest}")
-    elif desync is not None and (found := desync(first[0])) is not None:
-        named, extra = found["odd"], {"desync": found}
-        text = (f"job {job}: {found['said']} (a desync); the rank that was to receive it ended "
-                f"first ({first[0].words()}) without completing it, as gloo aborts on a tensor "
-                f"of another size, and took the job down; fix the code path of rank(s) "
-                f"{spans_text(named)}; rank(s) {spans_text([e.rank for e in ends])} ended{rest}")
-    else:
-        culprit = first[0]
-        named = [culprit.rank]
-        others = [e.rank for e in ends if e.rank != culprit.rank]
-        text = (f"job {job}: rank {culprit.rank} exited first ({culprit.words()}) and took the "
-                f"job down" + (f"; rank(s) {spans_text(others)} ended after it" if others else "")
-                + rest)
-    return {"ended": ended, "first": named, **extra,
-            "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)], "summary": text}
+    case = _Case.of(job, ranks, ends)
+    found = (_all_normal(case) or _peer_lost(case) or _stopped_together(case)
+             or _desync_abort(case, desync) or _first_out(case))
+    return {"ended": case.ended, "first": found.named, **found.extra,
+            "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)],
+            "summary": found.text}

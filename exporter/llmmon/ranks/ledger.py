@@ -18,6 +18,7 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from llmmon.ranks import collectives, failure
 from llmmon.ranks.validate import Activity, Collective, FrDump, Group, Progress, RankEntries, \
@@ -39,6 +40,7 @@ MAX_ENQUEUES = 16  # (write time, last enqueued) per group: the pace now, at the
 MAX_INSIDE = 128  # (write time, a collective in flight) per group: where the ranks wait
 
 RankKey = tuple[str, int]  # job_id, rank
+_V = TypeVar("_V")
 
 
 @dataclass
@@ -130,17 +132,8 @@ class RankTrack:
 
     def note_progress(self, now: float) -> None:
         """Note changed progress; forget groups the rank no longer reports."""
-        progress = self.state.progress
-        self.progress_noted = {pg: noted for pg, noted in self.progress_noted.items()
-                               if pg in progress}
-        self.enqueue_noted = {pg: noted for pg, noted in self.enqueue_noted.items()
-                              if pg in progress}
-        self.index = {pg: seqs for pg, seqs in self.index.items() if pg in progress}
-        self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
-        self.enqueues = {pg: seen for pg, seen in self.enqueues.items() if pg in progress}
-        self.inside = {pg: seen for pg, seen in self.inside.items() if pg in progress}
-        self.timed = {pg: gaps for pg, gaps in self.timed.items() if pg in progress}
-        for pg, group in progress.items():
+        self._forget_groups()
+        for pg, group in self.state.progress.items():
             noted = self.progress_noted.get(pg)
             if noted is None or noted[0] != group.completed:
                 self.progress_noted[pg] = (group.completed, now)
@@ -148,6 +141,18 @@ class RankTrack:
             if noted is None or noted[0] != group.enqueued:
                 # first sight is not a change (0: never seen changing), unlike completions
                 self.enqueue_noted[pg] = (group.enqueued, now if noted else 0.0)
+
+    def _forget_groups(self) -> None:
+        """Drop what is kept per group for groups gone from the state: memory stays bounded
+        by the groups the rank reports now."""
+        progress = self.state.progress
+        self.progress_noted = _reported(self.progress_noted, progress)
+        self.enqueue_noted = _reported(self.enqueue_noted, progress)
+        self.index = _reported(self.index, progress)
+        self.marks = {key: mark for key, mark in self.marks.items() if key[0] in progress}
+        self.enqueues = _reported(self.enqueues, progress)
+        self.inside = _reported(self.inside, progress)
+        self.timed = _reported(self.timed, progress)
 
     def note_enqueued(self, entries: Iterable[Collective]) -> None:
         """Enqueue times of the groups the rank reports, the newest of each in its share."""
@@ -216,6 +221,11 @@ class RankTrack:
             return True
         self.overflow += 1
         return False
+
+
+def _reported(by_pg: dict[str, _V], progress: dict[str, Progress]) -> dict[str, _V]:
+    """The entries of `by_pg` whose group is in `progress`, in their order."""
+    return {pg: value for pg, value in by_pg.items() if pg in progress}
 
 
 def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:

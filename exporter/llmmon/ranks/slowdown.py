@@ -151,19 +151,33 @@ def group_pace(members: Iterable[RankTrack], pg: str, now: float) -> GroupPace |
                 _share(members, pg, end - WINDOW, end))
 
 
-def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int, float]],
-            loss: Loss | None) -> dict[str, Any] | None:
-    """The job's slowest group if it runs FACTOR x slower than its own pace with no local rank
-    behind, with the cause when TCP loss or where the ranks wait explains it (`cause` None
-    otherwise)."""
+@dataclass(frozen=True)
+class _Slowed:
+    """The slowest evenly slowed group, read once from its JSON for the cause rules."""
+
+    text: str  # what every summary starts with: the pace now and before
+    added: float | None  # GroupPace.added_inside
+    local: bool  # every rank of the group is on this node: no network between nodes
+
+    @property
+    def between(self) -> str:
+        return ("the transport between this node's ranks" if self.local
+                else "the network between the nodes")
+
+
+def _slowest_even(groups: list[dict[str, Any]], lags: dict[str, dict[int, float]]
+                  ) -> dict[str, Any] | None:
+    """The slowest group FACTOR x slower than its own pace with no local rank behind (a rank
+    behind is the straggler rules' to name)."""
     slowed = [g for g in groups if not g["stalled"] and g["gap"] and g["gap"]["ratio"]
               and g["gap"]["ratio"] >= FACTOR]
     even = [g for g in slowed
             if max(lags.get(g["pg"], {}).values(), default=0.0)
             < LAG_SHARE * g["gap"]["recent_seconds"]]
-    if not even:
-        return None
-    group = max(even, key=lambda g: g["gap"]["ratio"])
+    return max(even, key=lambda g: g["gap"]["ratio"]) if even else None
+
+
+def _read(job_id: str, group: dict[str, Any]) -> _Slowed:
     gap = group["gap"]
     text = (f"job {job_id} runs {gap['ratio']:.1f}x slower than its own pace: group "
             f"{group['pg']} enqueues a collective every {gap['recent_seconds']:.2f} s, every "
@@ -175,27 +189,54 @@ def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int,
                  f"{gap['inside_share_before']:.0%} before: {added:.0%} of the added time is "
                  "spent inside the collectives")
     local = group.get("size") is not None and group["size"] <= len(group.get("local_ranks", ()))
-    between = ("the transport between this node's ranks" if local
-               else "the network between the nodes")
-    cause = None
-    if loss is not None and loss.share >= LOSS_SHARE and loss.retransmitted >= MIN_RETRANSMITTED \
-            and (added is None or added > OUTSIDE):
-        cause = (f"{text}; {loss.share:.1%} of the TCP segments sent in the network namespace "
-                 f"of {loss.netns} were retransmitted over the last {loss.seconds:.0f} s "
-                 f"({loss.retransmitted} of {loss.sent}): suspect {between} (a lossy or "
-                 "congested link), not a rank")
-    elif added is not None and added >= INSIDE:
-        cause = (f"{text}, waiting for data, not before them: suspect {between} (a slow or "
-                 "congested link; no TCP loss seen), not a rank here or the input pipeline"
-                 + ("; a rank on another node that entered late would be named by its own "
-                    "node's daemon and the straggler rule" if not local else ""))
-    elif added is not None and added <= OUTSIDE:
-        cause = (f"{text}, the rest before them, every rank late together: suspect what they all "
-                 "do between collectives (the input pipeline, the step's compute, every GPU's "
-                 "clocks), not the network" + ("" if local else
-                 "; this node's ranks only: if the other nodes' ranks wait inside the collectives,"
-                 " the ranks here are the late ones (the straggler rule compares them)"))
-    return {"pg": group["pg"], "gap": gap, "tcp": loss.json() if loss else None,
-            "summary": cause or f"{text}: a rank on another node, or something all ranks share "
-                                "(the network, the input pipeline, every GPU's clocks)",
+    return _Slowed(text, added, local)
+
+
+def _lossy(slowed: _Slowed, loss: Loss | None) -> str | None:
+    """TCP loss explains it unless the ranks are shown to wait before their collectives."""
+    if not (loss is not None and loss.share >= LOSS_SHARE
+            and loss.retransmitted >= MIN_RETRANSMITTED
+            and (slowed.added is None or slowed.added > OUTSIDE)):
+        return None
+    return (f"{slowed.text}; {loss.share:.1%} of the TCP segments sent in the network namespace "
+            f"of {loss.netns} were retransmitted over the last {loss.seconds:.0f} s "
+            f"({loss.retransmitted} of {loss.sent}): suspect {slowed.between} (a lossy or "
+            "congested link), not a rank")
+
+
+def _waits_inside(slowed: _Slowed) -> str | None:
+    """The added time is spent inside the collectives: a slow link even without loss."""
+    if not (slowed.added is not None and slowed.added >= INSIDE):
+        return None
+    return (f"{slowed.text}, waiting for data, not before them: suspect {slowed.between} (a slow "
+            "or congested link; no TCP loss seen), not a rank here or the input pipeline"
+            + ("; a rank on another node that entered late would be named by its own "
+               "node's daemon and the straggler rule" if not slowed.local else ""))
+
+
+def _late_together(slowed: _Slowed) -> str | None:
+    """The added time is spent before the collectives: what every rank does between them."""
+    if not (slowed.added is not None and slowed.added <= OUTSIDE):
+        return None
+    return (f"{slowed.text}, the rest before them, every rank late together: suspect what they "
+            "all do between collectives (the input pipeline, the step's compute, every GPU's "
+            "clocks), not the network" + ("" if slowed.local else
+            "; this node's ranks only: if the other nodes' ranks wait inside the collectives,"
+            " the ranks here are the late ones (the straggler rule compares them)"))
+
+
+def verdict(job_id: str, groups: list[dict[str, Any]], lags: dict[str, dict[int, float]],
+            loss: Loss | None) -> dict[str, Any] | None:
+    """The job's slowest group if it runs FACTOR x slower than its own pace with no local rank
+    behind, with the cause when TCP loss or where the ranks wait explains it (`cause` None
+    otherwise)."""
+    group = _slowest_even(groups, lags)
+    if group is None:
+        return None
+    slowed = _read(job_id, group)
+    cause = _lossy(slowed, loss) or _waits_inside(slowed) or _late_together(slowed)
+    return {"pg": group["pg"], "gap": group["gap"], "tcp": loss.json() if loss else None,
+            "summary": cause or f"{slowed.text}: a rank on another node, or something all "
+                                "ranks share (the network, the input pipeline, every GPU's "
+                                "clocks)",
             "cause": cause}

@@ -11,6 +11,8 @@ XID, RDMA loss and retransmits, ports down or flapping.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llmmon.diagnose import describe as d
 from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
 from llmmon.diagnose.thresholds import Thresholds
@@ -23,6 +25,8 @@ GROUP_KEY = ("cluster", "job_id", "pg")
 MEMBER_KEY = ("cluster", "job_id", "rank", "pg")
 LOSS = "node_device_port:llmmon_rdma_loss_events:rate5m"
 PORT_KEY = ("cluster", "node", "device", "port")
+RANK_KEY = ("cluster", "job_id", "rank")
+Key = tuple[str, ...]
 
 
 def _ranks(samples: list[Sample]) -> list[int]:
@@ -40,6 +44,14 @@ def _doing(sample: Sample | None, idle: Sample | None) -> str:
     return ": it is " + ", ".join(parts)
 
 
+def _busy(ranks: list[Sample], idle: list[dict[Key, Sample]], t: Thresholds) -> list[Sample]:
+    """The ranks that used CPU or I/O within `hang_busy_seconds`: at work (an evaluation, a
+    checkpoint), not stuck."""
+    return [m for m in ranks if any(
+        i.get(key(m, RANK_KEY)) is not None and i[key(m, RANK_KEY)].value < t.hang_busy_seconds
+        for i in idle)]
+
+
 def _quiet(t: Thresholds, members: list[Sample], head: str, quiet: list[Sample],
            window: float, idle: list[dict[tuple[str, ...], Sample]],
            doing: dict[tuple[str, ...], Sample]) -> tuple[bool, list[Evidence]]:
@@ -50,94 +62,144 @@ def _quiet(t: Thresholds, members: list[Sample], head: str, quiet: list[Sample],
     seconds = min((s.value for s in quiet), default=0.0)
     if seconds <= window:
         return False, []
-    rank_key = ("cluster", "job_id", "rank")
     text = (f"{head}: nothing in flight and no rank enqueued a collective for "
             f"{d.seconds(seconds)} (window {window:.0f} s)")
-    working = [m for m in members if any(
-        i.get(key(m, rank_key)) is not None and i[key(m, rank_key)].value < t.hang_busy_seconds
-        for i in idle)]
+    working = _busy(members, idle, t)
     if working:
         return False, [d.evidence(members[0], ("job_id", "pg"), f"{text}: {d.rank(working[0])} "
                                   "works (CPU or I/O): an evaluation or a checkpoint, not a hang")]
     return True, [d.evidence(members[0], ("job_id", "pg"), f"{text}: every rank is stuck before "
                              "its next collective", stalled_seconds=seconds)] + [
         d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} enqueued nothing since "
-                   f"#{m.value:.0f}" + _doing(doing.get(key(m, rank_key)),
-                                              idle[0].get(key(m, rank_key))),
+                   f"#{m.value:.0f}" + _doing(doing.get(key(m, RANK_KEY)),
+                                              idle[0].get(key(m, RANK_KEY))),
                    last_enqueued=m.value)
         for m in members]
+
+
+@dataclass(frozen=True)
+class _Daemon:
+    """What the daemon exports beside the sequence numbers, indexed once for every group:
+    completions, progress, and its own judgement where the exporter has it (learned threshold,
+    measured stall, ended ranks, busy ranks, what a rank behind is doing)."""
+
+    completed: dict[Key, Sample]
+    noted: dict[Key, list[Sample]]
+    inflight: dict[Key, list[Sample]]
+    learned: dict[Key, list[Sample]]
+    measured: dict[Key, list[Sample]]
+    quiet: dict[Key, list[Sample]]
+    ended: set[Key]  # (cluster, job_id) of the jobs with a rank no longer alive
+    idle: list[dict[Key, Sample]]  # seconds without CPU, then without I/O, per rank
+    doing: dict[Key, Sample]
+
+    @classmethod
+    def read(cls, view: View) -> _Daemon:
+        return cls(
+            completed=index(view.instant("llmmon_nccl_last_completed_seq"), *MEMBER_KEY),
+            noted=group(view.instant("llmmon_nccl_last_progress_timestamp_seconds"), *GROUP_KEY),
+            inflight=group(view.instant("llmmon_nccl_oldest_inflight_age_seconds"), *GROUP_KEY),
+            learned=group(view.instant("llmmon_nccl_stall_threshold_seconds"), *GROUP_KEY),
+            measured=group(view.instant("llmmon_nccl_stalled_seconds"), *GROUP_KEY),
+            quiet=group(view.instant("llmmon_nccl_quiet_seconds"), *GROUP_KEY),
+            ended={key(s, ("cluster", "job_id")) for s in view.instant("llmmon_rank_alive")
+                   if s.value == 0},
+            idle=[index(view.instant(name), *RANK_KEY) for name in
+                  ("llmmon_rank_cpu_idle_seconds", "llmmon_rank_io_idle_seconds")],
+            doing=index(view.instant("llmmon_rank_doing_info"), *RANK_KEY))
+
+    def window(self, where: Key, t: Thresholds) -> float:
+        """The group's learned stall threshold, else the alert's window."""
+        return max((s.value for s in self.learned.get(where, [])), default=t.hang_window_seconds)
+
+    def stalled(self, where: Key, now: float) -> float:
+        """Seconds since the group's last progress or its oldest collective's enqueue time,
+        whichever is longer."""
+        since = max((now - s.value for s in self.noted.get(where, [])), default=0.0)
+        oldest = max((s.value for s in self.inflight.get(where, [])), default=0.0)
+        return max(since, oldest)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One process group at its frontier: the oldest collective it has not completed."""
+
+    where: Key  # cluster, job_id, pg
+    members: list[Sample]  # each rank's last enqueued sequence number
+    frontier: int
+
+    @property
+    def head(self) -> str:
+        return f"job {self.where[1]}, group {self.where[2]}"
+
+    @property
+    def waiting(self) -> list[Sample]:
+        return [m for m in self.members if m.value >= self.frontier]
+
+    @property
+    def behind(self) -> list[Sample]:
+        """The ranks that never entered the frontier collective."""
+        return [m for m in self.members if m.value < self.frontier]
+
+
+def _judge(view: View, t: Thresholds, daemon: _Daemon, g: _Group) -> tuple[bool, list[Evidence]]:
+    """(hung, evidence) of one group."""
+    if g.where[:2] in daemon.ended:
+        return False, [d.evidence(g.members[0], ("job_id", "pg"), f"{g.head}: a rank of the job "
+                                  "ended (llmmon_rank_alive 0): the job ended, not a hang")]
+    if not g.waiting:
+        stuck, found = _quiet(t, g.members, g.head, daemon.quiet.get(g.where, []),
+                              daemon.window(g.where, t), daemon.idle, daemon.doing)
+        return stuck, found or [d.evidence(
+            g.members[0], ("job_id", "pg"),
+            f"{g.head}: nothing in flight (last completed #{g.frontier - 1})")]
+    return _in_flight(view, t, daemon, g)
+
+
+def _in_flight(view: View, t: Thresholds, daemon: _Daemon, g: _Group
+               ) -> tuple[bool, list[Evidence]]:
+    """A collective is outstanding: hung past the group's window (or, whatever the daemon
+    measured, past the alert's ceiling) unless a rank behind is busy within that ceiling."""
+    stalled = daemon.stalled(g.where, view.now)
+    window = daemon.window(g.where, t)
+    judged = max((s.value for s in daemon.measured.get(g.where, [])), default=stalled)
+    text = (f"{g.head}: ranks {spans_text(_ranks(g.waiting))} wait in collective #{g.frontier} "
+            f"for {d.seconds(stalled)}")
+    busy = _busy(g.behind, daemon.idle, t) if stalled <= t.hang_window_seconds else []
+    if (judged <= window and stalled <= t.hang_window_seconds) or busy:
+        note = (f"{d.rank(busy[0])} is busy (CPU or I/O in the last "
+                f"{t.hang_busy_seconds:.0f} s): not a hang before the "
+                f"{t.hang_window_seconds:.0f} s ceiling" if busy else
+                f"within the {window:.0f} s window")
+        return False, [d.evidence(g.members[0], ("job_id", "pg"), f"{text} ({note})",
+                                  stalled_seconds=stalled)]
+    if not g.behind:
+        text += ("; every reporting rank entered it and none completes: the rank behind is "
+                 "on a node not seen here, or suspect the GPUs and the network")
+    return True, [d.evidence(g.members[0], ("job_id", "pg"), text, stalled_seconds=stalled,
+                             seq=g.frontier)] + [
+        d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} never enqueued collective "
+                   f"#{g.frontier} of group {g.where[2]} (last enqueued #{m.value:.0f}): it is "
+                   "the rank behind" + _doing(daemon.doing.get(key(m, RANK_KEY)),
+                                              daemon.idle[0].get(key(m, RANK_KEY))),
+                   last_enqueued=m.value)
+        for m in g.behind]
 
 
 def progress(view: View, t: Thresholds) -> Outcome:
     enqueued = view.instant("llmmon_nccl_last_enqueued_seq")
     if not enqueued:
         return unknown("no rank reports NCCL progress (no ranks in the spool)")
-    completed = index(view.instant("llmmon_nccl_last_completed_seq"), *MEMBER_KEY)
-    noted = group(view.instant("llmmon_nccl_last_progress_timestamp_seconds"), *GROUP_KEY)
-    inflight = group(view.instant("llmmon_nccl_oldest_inflight_age_seconds"), *GROUP_KEY)
-    # The daemon's own judgement (exporters that have it): learned threshold, measured stall,
-    # ended ranks, busy ranks, what a rank behind is doing.
-    learned = group(view.instant("llmmon_nccl_stall_threshold_seconds"), *GROUP_KEY)
-    measured = group(view.instant("llmmon_nccl_stalled_seconds"), *GROUP_KEY)
-    quiet = group(view.instant("llmmon_nccl_quiet_seconds"), *GROUP_KEY)
-    ended = {key(s, ("cluster", "job_id")) for s in view.instant("llmmon_rank_alive")
-             if s.value == 0}
-    rank_key = ("cluster", "job_id", "rank")
-    idle = [index(view.instant(name), *rank_key) for name in
-            ("llmmon_rank_cpu_idle_seconds", "llmmon_rank_io_idle_seconds")]
-    doing = index(view.instant("llmmon_rank_doing_info"), *rank_key)
+    daemon = _Daemon.read(view)
     hung: list[Evidence] = []
     calm: list[Evidence] = []
     for where, members in sorted(group(enqueued, *GROUP_KEY).items()):
-        done = [completed[key(m, MEMBER_KEY)].value for m in members
-                if key(m, MEMBER_KEY) in completed]
+        done = [daemon.completed[key(m, MEMBER_KEY)].value for m in members
+                if key(m, MEMBER_KEY) in daemon.completed]
         if not done:
             continue
-        frontier = int(min(done)) + 1
-        waiting = [m for m in members if m.value >= frontier]
-        behind = [m for m in members if m.value < frontier]
-        head = f"job {where[1]}, group {where[2]}"
-        if where[:2] in ended:
-            calm.append(d.evidence(members[0], ("job_id", "pg"), f"{head}: a rank of the job "
-                                   "ended (llmmon_rank_alive 0): the job ended, not a hang"))
-            continue
-        if not waiting:
-            stuck, found = _quiet(t, members, head, quiet.get(where, []),
-                                  max((s.value for s in learned.get(where, [])),
-                                      default=t.hang_window_seconds), idle, doing)
-            (hung if stuck else calm).extend(found or [d.evidence(
-                members[0], ("job_id", "pg"),
-                f"{head}: nothing in flight (last completed #{frontier - 1})")])
-            continue
-        since = max((view.now - s.value for s in noted.get(where, [])), default=0.0)
-        oldest = max((s.value for s in inflight.get(where, [])), default=0.0)
-        stalled = max(since, oldest)
-        window = max((s.value for s in learned.get(where, [])), default=t.hang_window_seconds)
-        judged = max((s.value for s in measured.get(where, [])), default=stalled)
-        text = (f"{head}: ranks {spans_text(_ranks(waiting))} wait in collective #{frontier} for "
-                f"{d.seconds(stalled)}")
-        busy = [m for m in behind if any(
-            i.get(key(m, rank_key)) is not None and i[key(m, rank_key)].value < t.hang_busy_seconds
-            for i in idle)] if stalled <= t.hang_window_seconds else []
-        if (judged <= window and stalled <= t.hang_window_seconds) or busy:
-            note = (f"{d.rank(busy[0])} is busy (CPU or I/O in the last "
-                    f"{t.hang_busy_seconds:.0f} s): not a hang before the "
-                    f"{t.hang_window_seconds:.0f} s ceiling" if busy else
-                    f"within the {window:.0f} s window")
-            calm.append(d.evidence(members[0], ("job_id", "pg"), f"{text} ({note})",
-                                   stalled_seconds=stalled))
-            continue
-        if not behind:
-            text += ("; every reporting rank entered it and none completes: the rank behind is "
-                     "on a node not seen here, or suspect the GPUs and the network")
-        hung.append(d.evidence(members[0], ("job_id", "pg"), text, stalled_seconds=stalled,
-                               seq=frontier))
-        hung += [d.evidence(m, ("job_id", "rank", "pg"), f"{d.rank(m)} never enqueued "
-                            f"collective #{frontier} of group {where[2]} (last enqueued "
-                            f"#{m.value:.0f}): it is the rank behind"
-                            + _doing(doing.get(key(m, rank_key)), idle[0].get(key(m, rank_key))),
-                            last_enqueued=m.value)
-                 for m in behind]
+        stuck, found = _judge(view, t, daemon, _Group(where, members, int(min(done)) + 1))
+        (hung if stuck else calm).extend(found)
     if hung:
         return suspect("a process group stopped making progress; dump the Flight Recorder "
                        "(llmmon diagnose --ranks --dump) before the NCCL watchdog kills the job",

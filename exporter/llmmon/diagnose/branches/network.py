@@ -222,6 +222,45 @@ def _inside(view: View, t: Thresholds) -> dict[tuple[str, ...], list[float | Non
             for job, members in group(list(paced.values()), *JOB).items()}
 
 
+def _worst_loss(lost: list[Sample], sent: list[Sample]) -> dict[tuple[str, ...], Sample]:
+    """(cluster, job_id) -> its network namespace retransmitting the largest share of the TCP
+    segments it sends (the value: that share)."""
+    sending = {key(s, ("cluster", "node", "job_id", "netns")): s.value for s in sent}
+    worst: dict[tuple[str, ...], Sample] = {}
+    for s in lost:
+        segments = sending.get(key(s, ("cluster", "node", "job_id", "netns")), 0.0)
+        share = Sample(s.labels, s.value / segments if segments > 0 else 0.0)
+        if share.value > worst.get(key(s, JOB), Sample({}, -1.0)).value:
+            worst[key(s, JOB)] = share
+    return worst
+
+
+def _network_slows(pace: Sample, loss: Sample | None, shares: list[float | None],
+                   t: Thresholds) -> Evidence | None:
+    """Evidence that the network slows a job past `network_slow_factor`: on every node its
+    ranks spend the added time inside the collectives, or its TCP is lossy and no node shows
+    them spending it before the collectives (the network would not explain that)."""
+    if pace.value < t.network_slow_factor:
+        return None
+    known = [share for share in shares if share is not None]
+    least = min((share or 0.0 for share in shares), default=0.0)  # no share reads as 0
+    head = f"job {pace.get('job_id')} runs {pace.value:.1f}x slower than its own pace " \
+           f"(group {pace.get('pg')})"
+    if least >= t.network_slow_inside_share:
+        return d.evidence(
+            pace, ("job_id", "pg"), f"{head} and on every node at least "
+            f"{d.percent(least)} of the added time is spent inside the collectives "
+            "(a slow or congested link)", slowdown_ratio=pace.value, inside_share=least)
+    if loss and loss.value > t.network_slow_retransmit_share and not (
+            known and max(known) <= t.network_slow_outside_share):
+        return d.evidence(
+            pace, ("job_id", "pg"), f"{head} and {d.percent(loss.value)} of the TCP "
+            f"segments sent in the network namespace of {loss.get('netns')}"
+            f"{d.on_node(loss)} are retransmitted", slowdown_ratio=pace.value,
+            retransmitted_share=loss.value)
+    return None
+
+
 def network_slow(view: View, t: Thresholds) -> Outcome:
     slowest = _slowest(view)
     if not slowest:
@@ -233,35 +272,9 @@ def network_slow(view: View, t: Thresholds) -> Outcome:
     sent = view.rate("llmmon_tcp_segments_sent_total", window)
     if lost is None or sent is None:
         return unknown(NEEDS_RATES)
-    sending = {key(s, ("cluster", "node", "job_id", "netns")): s.value for s in sent}
-    worst: dict[tuple[str, ...], Sample] = {}
-    for s in lost:
-        segments = sending.get(key(s, ("cluster", "node", "job_id", "netns")), 0.0)
-        share = Sample(s.labels, s.value / segments if segments > 0 else 0.0)
-        if share.value > worst.get(key(s, JOB), Sample({}, -1.0)).value:
-            worst[key(s, JOB)] = share
-    found = []
-    for job, pace in sorted(slowest.items()):
-        if pace.value < t.network_slow_factor:
-            continue
-        loss = worst.get(job)
-        shares = inside.get(job, [])
-        known = [share for share in shares if share is not None]
-        least = min((share or 0.0 for share in shares), default=0.0)  # no share reads as 0
-        head = f"job {pace.get('job_id')} runs {pace.value:.1f}x slower than its own pace " \
-               f"(group {pace.get('pg')})"
-        if least >= t.network_slow_inside_share:
-            found.append(d.evidence(
-                pace, ("job_id", "pg"), f"{head} and on every node at least "
-                f"{d.percent(least)} of the added time is spent inside the collectives "
-                "(a slow or congested link)", slowdown_ratio=pace.value, inside_share=least))
-        elif loss and loss.value > t.network_slow_retransmit_share and not (
-                known and max(known) <= t.network_slow_outside_share):
-            found.append(d.evidence(
-                pace, ("job_id", "pg"), f"{head} and {d.percent(loss.value)} of the TCP "
-                f"segments sent in the network namespace of {loss.get('netns')}"
-                f"{d.on_node(loss)} are retransmitted", slowdown_ratio=pace.value,
-                retransmitted_share=loss.value))
+    worst = _worst_loss(lost, sent)
+    found = [e for e in (_network_slows(pace, worst.get(job), inside.get(job, []), t)
+                         for job, pace in sorted(slowest.items())) if e is not None]
     if found:
         return suspect("every rank of a job runs slower and waits inside its collectives, or "
                        "its TCP traffic is lossy: suspect the network between its nodes, not a "
