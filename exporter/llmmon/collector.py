@@ -20,6 +20,16 @@ from llmmon.sources.fs import RootedFS
 log = logging.getLogger("llmmon.collector")
 
 
+class RouteError(Exception):
+    """An /api/v1 answer other than 200, with its status: raised by a collector's endpoint or
+    action (429: asked again too soon), or by the server when the collector process cannot
+    answer (503, 504).  ValueError is a bad or unknown argument (400)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class Environment:
     """What the daemon hands every collector: rooted file systems and global settings."""

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from prometheus_client.core import Metric
 
 from llmmon.ranks import dumps, stall
-from llmmon.collector import Collector, Context
+from llmmon.collector import Collector, Context, RouteError
 from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.ranks.ingest import SpoolIngest
@@ -280,6 +280,10 @@ class RanksCollector(Collector):
                metavar="FR_DIR"),
         Option("pipe_dir", "str", DEFAULT_PIPE_DIR,
                "Where the dump pipes are (PIPE_DIR/JOB/rank_RANK.pipe).", metavar="PIPE_DIR"),
+        Option("dump_interval", "duration", "30s",
+               "Least time between two dumps of one job asked over POST /api/v1/ranks/dump: "
+               "each one reaches every rank of the job; one asked sooner gets 429.",
+               minimum="1s", maximum="1h"),
         Option("dumps_keep", "int", 8,
                "Dump sets kept per job for post-mortems (newest first; only sets the daemon "
                "made count or are deleted).", minimum=1, maximum=1000),
@@ -318,6 +322,7 @@ class RanksCollector(Collector):
         self._cut: Counter[str] = Counter()
         self._read_bytes = 0
         self._dumps_requested: Counter[str] = Counter()
+        self._dump_asked: dict[str, float] = {}  # job -> monotonic time of its last HTTP dump
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
         self._lock = threading.Lock()
@@ -352,12 +357,25 @@ class RanksCollector(Collector):
                              f"jobs here: {sorted(jobs)}")
         if job_id not in jobs:
             raise ValueError(f"unknown job_id {job_id!r}; known here: {sorted(jobs)}")
+        self._admit_dump(job_id)
         ranks = [r["rank"] for r in jobs[job_id]["ranks"]]
         results = dumps.request(self.config["pipe_dir"], job_id, ranks)
         with self._lock:
             self._dumps_requested[job_id] += 1
         log.warning("job %s: Flight Recorder dump requested over HTTP: %s", job_id, results)
         return {"job_id": job_id, "ranks": {str(r): v for r, v in results.items()}}
+
+    def _admit_dump(self, job_id: str) -> None:
+        """One dump of a job per dump_interval, on the monotonic clock: each reaches every
+        rank's pipe, and a client asking in a loop must cost the trainers and the log no
+        more than that."""
+        now, interval = time.monotonic(), self.config["dump_interval"]
+        with self._lock:
+            last = self._dump_asked.get(job_id)
+            if last is not None and now - last < interval:
+                raise RouteError(429, f"job {job_id}: a dump was asked {now - last:.1f}s ago; "
+                                      f"one per {interval:g}s (--collector.ranks.dump-interval)")
+            self._dump_asked[job_id] = now
 
     def evidence(self) -> dict[str, Any]:
         with self._lock:
@@ -417,6 +435,8 @@ class RanksCollector(Collector):
         with self._lock:  # a job's dump counter goes with its ranks, as its other series do
             for job_id in self._dumps_requested.keys() - live:
                 del self._dumps_requested[job_id]
+            for job_id in self._dump_asked.keys() - live:
+                del self._dump_asked[job_id]
         try:
             self._kept = self.keeper.harvest(now)
         except OSError as exc:

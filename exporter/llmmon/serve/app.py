@@ -16,7 +16,8 @@ from fastapi.responses import HTMLResponse, JSONResponse as StarletteJSONRespons
 from fastapi.responses import PlainTextResponse, Response
 
 from llmmon import __version__
-from llmmon.serve.routes import RouteError, Routes
+from llmmon.collector import RouteError
+from llmmon.serve.routes import Routes
 from llmmon.textsafe import json_ready, printable
 
 

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from llmmon import logs
 from llmmon.config import ConfigError
 from llmmon.serve.assembly import build
-from llmmon.serve.routes import RouteError, Routes
+from llmmon.collector import RouteError
+from llmmon.serve.routes import Routes
 from llmmon.sampler import Sampler
 
 log = logging.getLogger("llmmon.serve.child")

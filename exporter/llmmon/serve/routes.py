@@ -12,14 +12,6 @@ from typing import Any, Callable
 from llmmon.collector import Collector
 
 
-class RouteError(Exception):
-    """An endpoint's answer other than 200, with the status to send and a message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass
 class Routes:
     get: dict[str, Callable[[], Any]] = field(default_factory=dict)

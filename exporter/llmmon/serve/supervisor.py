@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from llmmon.config import ConfigError, Settings
 from llmmon.metrics import Families
-from llmmon.serve.routes import RouteError, Routes
+from llmmon.collector import RouteError
+from llmmon.serve.routes import Routes
 from llmmon.exposition import FORMATS, OM_EOF, OPENMETRICS, TEXT, finish, render
 from llmmon.sampler import RESTARTS, SUCCESS
 
