@@ -35,15 +35,17 @@ def _status(pgs: list[str], completed: int) -> bytes:
 
 def state(job: str, rank: int, pid: int, world: int = 8, pgs: list[str] | None = None,
           inflight: list[dict[str, Any]] | None = None, spans: list[list[int]] | None = None,
-          completed: int = 10) -> bytes:
-    """A state document; `pgs` named groups (default "0"), an in-flight dump, group spans."""
+          completed: int = 10, start_ticks: int = 0) -> bytes:
+    """A state document; `pgs` named groups (default "0"), an in-flight dump, group spans, the
+    process' start time (0: not said, as an old reporter)."""
     names = pgs or ["0"]
     members = spans or ranges(list(range(world)))
     header = {"schema": layout.SCHEMA, "kind": "state", "written_ns": time.time_ns(),
               "identity": {"job_id": job, "rank": rank, "local_rank": rank % 8,
                            "world_size": world, "pod": "node-1", "namespace": "ml", "pid": pid,
                            "uuid": f"GPU-{rank:08d}", "gpu_name": "NVIDIA H200",
-                           "allocator_config": ""},
+                           "allocator_config": "",
+                           **({"start_ticks": start_ticks} if start_ticks else {})},
               "reporter": {"errors_total": 0, "disabled": False},
               "pgs": {pg: {"desc": "default_pg", "size": world, "ranks": members}
                       for pg in names},

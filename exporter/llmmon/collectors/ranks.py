@@ -21,7 +21,7 @@ from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
 from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
-from llmmon.ranks.liveness import PidWatch
+from llmmon.ranks.liveness import PidWatch, seen_alive
 from llmmon.ranks.netns import Member, TcpWatch
 from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
 from llmmon.sources.spool import SpoolSource
@@ -310,7 +310,8 @@ class RanksCollector(Collector):
 
     def __init__(self, env, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(env, config)
-        self.ledger = Ledger(config["max_ranks"], config["max_ranks_per_job"])
+        self.ledger = Ledger(config["max_ranks"], config["max_ranks_per_job"],
+                             seen_alive(env.procfs))
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
                                   config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],

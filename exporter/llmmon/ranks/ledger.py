@@ -18,7 +18,7 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from llmmon.ranks import collectives, failure
 from llmmon.ranks.validate import Activity, Collective, FrDump, Group, Progress, RankEntries, \
@@ -247,12 +247,38 @@ def _finished(entry: Collective, progress: dict[str, Progress]) -> bool:
     return entry.state == "completed" and not timing
 
 
+# Whether this daemon sees the process (pid, start ticks) running: a rank whose process is
+# seen alive takes the place of one whose process is not, once the rank budget is spent.
+Alive = Callable[[int, int], bool]
+
+
 class Ledger:
-    def __init__(self, max_ranks: int, max_ranks_per_job: int) -> None:
+    def __init__(self, max_ranks: int, max_ranks_per_job: int,
+                 alive: Alive | None = None) -> None:
         self.max_ranks = max_ranks
         self.max_ranks_per_job = max_ranks_per_job
+        self.alive = alive
         self.tracks: dict[RankKey, RankTrack] = {}
         self.cut: Counter[str] = Counter()  # reason -> samples left out to bound memory
+
+    def _admit(self, key: RankKey, state: RankState) -> bool:
+        """Room for a new rank: within the budgets, or in the place of a rank whose process
+        is not seen alive (the oldest report first) when this one's is: spool files that
+        any local user can write must not keep a real job out by coming first."""
+        job_full = sum(job == key[0] for job, _ in self.tracks) >= self.max_ranks_per_job
+        if len(self.tracks) < self.max_ranks and not job_full:
+            return True
+        who = state.identity
+        if self.alive is None or not self.alive(who.pid, who.start_ticks):
+            return False
+        scope = [(k, t) for k, t in self.tracks.items() if not job_full or k[0] == key[0]]
+        dead = [(t.mtime, k) for k, t in scope
+                if not self.alive(t.pid, t.state.identity.start_ticks)]
+        if not dead:
+            return False
+        del self.tracks[min(dead)[1]]
+        self.cut["rank_replaced"] += 1  # by one whose process is seen alive
+        return True
 
     def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
         """Take a rank's newest state; False when the rank budget (all, or its job's) is
@@ -261,8 +287,7 @@ class Ledger:
         key = (state.identity.job_id, state.identity.rank)
         track = self.tracks.get(key)
         if track is None or track.pid != state.identity.pid:
-            if track is None and (len(self.tracks) >= self.max_ranks or sum(
-                    job == key[0] for job, _ in self.tracks) >= self.max_ranks_per_job):
+            if track is None and not self._admit(key, state):
                 return False
             # A new process for this rank: its record ids and sequences start over, but the
             # daemon's own byte and duration counters carry on (they never go backwards).

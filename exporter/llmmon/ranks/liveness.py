@@ -32,6 +32,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from llmmon.sources import procstat
 from llmmon.sources.fs import RootedFS
@@ -66,6 +67,16 @@ class Process:
     exit_status: int | None = None  # read while it was a zombie
     cpu_seconds: float = -1.0
     cpu_changed: float = 0.0  # when its CPU time last moved, as this daemon saw it
+
+
+def seen_alive(procfs: RootedFS) -> Callable[[int, int], bool]:
+    """Whether a process is seen running under `procfs` with that pid and start time (a start
+    time of 0, unknown, is never seen: a pid alone may be anybody's)."""
+    def alive(pid: int, start_ticks: int) -> bool:
+        stat = procstat.read(procfs, pid)
+        return start_ticks > 0 and stat is not None and not stat.ended \
+            and stat.start_ticks == start_ticks
+    return alive
 
 
 class PidWatch:
