@@ -12,8 +12,9 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmmon.ranks.ledger import MAX_INDEXED_SEQS
+from llmmon.ranks.ledger import MAX_INDEXED_SEQS, NEW_GROUPS_PER_JOB
 from llmmon.ranks.validate import MAX_INFLIGHT, MAX_PGS, MAX_SPANS
+from llmmon_reporter import layout
 from tests.ranks import hostile
 from tests.ranks.jobs import by_rank, make_collector, scrape, series, wait_for
 
@@ -75,23 +76,42 @@ def test_in_flight_floods_keep_only_the_newest_entries_and_count_the_rest(
 
 def test_a_rank_renaming_its_groups_on_every_write_is_remembered_within_bounds(
         tmp_path: Path) -> None:
+    """Each write names MAX_PGS groups never seen before: the job's budget of new names per
+    window takes the first NEW_GROUPS_PER_JOB, then the rank follows no group, so Prometheus
+    sees a bounded set of series however long the churn goes on."""
     spool = tmp_path / "spool"
     collector = make_collector(spool, tmp_path)
-    cut = 0.0
+    cut, exported = 0.0, set()
     for rewrite in range(4):
         hostile.group_churn(spool, rewrite, 3000)
         samples = scrape(collector)[0]
         (track,) = collector.ledger.tracks.values()
         names = {f"pg-{rewrite}-{n}" for n in range(MAX_PGS)}
-        assert set(track.state.progress) == names
-        assert set(track.index) <= names and set(track.progress_noted) == names
+        adopted = names if (rewrite + 1) * MAX_PGS <= NEW_GROUPS_PER_JOB else set()
+        assert set(track.state.progress) == adopted
+        assert set(track.progress_noted) == adopted
         assert sum(map(len, track.index.values())) <= MAX_INDEXED_SEQS
         assert len(track.collective_bytes) <= 64 and len(track.durations) <= 64
         counted = series(samples, "llmmon_nccl_spool_cut_total")
         assert counted[(("reason", "groups"),)] > cut  # every write's extra groups count
         assert counted[(("reason", "series"),)] > 0
+        assert counted.get((("reason", "group_churn"),), 0) == \
+            max(0, (rewrite + 1) * MAX_PGS - NEW_GROUPS_PER_JOB)
         cut = counted[(("reason", "groups"),)]
-        assert len(series(samples, "llmmon_nccl_last_completed_seq")) == MAX_PGS
+        exported |= set(series(samples, "llmmon_nccl_last_completed_seq"))
+    assert len(exported) == NEW_GROUPS_PER_JOB
+
+
+def test_the_ranks_of_a_job_share_its_group_names_within_the_budget(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    names = [f"g{n}" for n in range(MAX_PGS)]
+    for rank in range(32):  # every rank in the same 64 groups: 64 new names, not 32 x 64
+        hostile.write(spool, "mesh", layout.state_name(rank, 9000 + rank),
+                      hostile.state("mesh", rank, 9000 + rank, world=32, pgs=names))
+    collector = make_collector(spool, tmp_path)
+    samples = scrape(collector)[0]
+    assert all(set(t.state.progress) == set(names) for t in collector.ledger.tracks.values())
+    assert (("reason", "group_churn"),) not in series(samples, "llmmon_nccl_spool_cut_total")
 
 
 def test_a_group_of_400k_rank_spans_gets_a_short_ranks_label(tmp_path: Path) -> None:

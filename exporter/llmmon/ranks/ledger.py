@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,11 @@ MARK_EVERY = 120.0  # seconds: the largest step whose marks come at least this o
 MAX_ACTIVITY = 256  # activity samples remembered per rank (21 min at the default interval)
 MAX_ENQUEUES = 16  # (write time, last enqueued) per group: the pace now, at the status cadence
 MAX_INSIDE = 128  # (write time, a collective in flight) per group: where the ranks wait
+# Process-group names a job may bring that none of its followed ranks has, per window: a real
+# job names its groups once (a node's ranks of a 4-D mesh share a few dozen); a rank renaming
+# its groups on every write would make Prometheus a new set of series each scrape.
+NEW_GROUPS_PER_JOB = 128
+NEW_GROUPS_WINDOW = 600.0  # seconds, monotonic
 
 RankKey = tuple[str, int]  # job_id, rank
 _V = TypeVar("_V")
@@ -260,6 +266,7 @@ class Ledger:
         self.alive = alive
         self.tracks: dict[RankKey, RankTrack] = {}
         self.cut: Counter[str] = Counter()  # reason -> samples left out to bound memory
+        self._new_groups: dict[str, deque[float]] = {}  # job -> when each new name came
 
     def _admit(self, key: RankKey, state: RankState) -> bool:
         """Room for a new rank: within the budgets, or in the place of a rank whose process
@@ -280,10 +287,37 @@ class Ledger:
         self.cut["rank_replaced"] += 1  # by one whose process is seen alive
         return True
 
+    def _within_group_budget(self, state: RankState) -> RankState:
+        """`state` without the process groups that would pass its job's budget of new names
+        (NEW_GROUPS_PER_JOB per NEW_GROUPS_WINDOW); names its job already follows stay."""
+        job = state.identity.job_id
+        named = state.progress.keys() | state.groups.keys()
+        followed = {pg for (j, _), t in self.tracks.items() if j == job
+                    for pg in t.state.progress.keys() | t.state.groups.keys()}
+        new = sorted(named - followed)
+        if not new:
+            return state
+        now, came = time.monotonic(), self._new_groups.setdefault(job, deque())
+        while came and came[0] < now - NEW_GROUPS_WINDOW:
+            came.popleft()
+        room = max(0, NEW_GROUPS_PER_JOB - len(came))
+        came.extend([now] * min(room, len(new)))
+        refused = set(new[room:])
+        if not refused:
+            return state
+        self.cut["group_churn"] += len(refused)
+        inflight = state.inflight and dataclasses.replace(
+            state.inflight, entries=tuple(e for e in state.inflight.entries
+                                          if e.pg not in refused))
+        return dataclasses.replace(
+            state, progress={pg: p for pg, p in state.progress.items() if pg not in refused},
+            groups={pg: g for pg, g in state.groups.items() if pg not in refused},
+            inflight=inflight)
+
     def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
         """Take a rank's newest state; False when the rank budget (all, or its job's) is
         spent.  The in-flight dump is indexed, not kept."""
-        state = failure.failed_in(state)
+        state = self._within_group_budget(failure.failed_in(state))
         key = (state.identity.job_id, state.identity.rank)
         track = self.tracks.get(key)
         if track is None or track.pid != state.identity.pid:
@@ -333,7 +367,10 @@ class Ledger:
     def expire(self, now: float, drop_after: float) -> list[RankTrack]:
         """Forget ranks that have not reported for `drop_after` seconds; return them."""
         gone = [key for key, track in self.tracks.items() if track.age(now) > drop_after]
-        return [self.tracks.pop(key) for key in gone]
+        dropped = [self.tracks.pop(key) for key in gone]
+        for job in self._new_groups.keys() - {job for job, _ in self.tracks}:
+            del self._new_groups[job]
+        return dropped
 
     def jobs(self) -> dict[str, list[RankTrack]]:
         by_job: dict[str, list[RankTrack]] = {}
