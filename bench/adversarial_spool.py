@@ -7,10 +7,13 @@ second) over its own spool, scraped twice a second on one keep-alive connection:
   512 junk rank files in a directory that sorts first; 12 state files of 20k in-flight entries
   each; a rank rewriting its files with 10k new process-group names every 2 s; a group of
   400k rank spans; FIFOs at rank-file names; 8 empty `dump-9999999N` directories beside the
-  real job's kept dump sets.
+  real job's kept dump sets; and, before the daemon starts, 64 ranks of processes that do not
+  exist (two jobs of 32, the rank budget's worth) in directories that sort first.
+The real job's ranks are processes that run (`sleep`), as a trainer's are.
 Reports RSS (end, peak), open file descriptors, scrape p50/p99 and body size, whether the
 real job's four ranks stayed fresh (llmmon_rank_up 1 in every scrape after the first minute's
-first 5 s) and whether its dump sets survived; prints a table and writes
+first 5 s), whether its dump sets survived, and how many distinct series the scrapes held in
+all (what the group churn costs Prometheus); prints a table and writes
 bench/results/adversarial_spool.json.
 
     PYTHONPATH=exporter:reporter python bench/adversarial_spool.py [--seconds 60]
@@ -49,11 +52,18 @@ def plant(spool: Path, fr: Path) -> None:
     hostile.inflight_flood(spool, files=12, count=20_000)
     hostile.wide_group(spool, 400_000)
     hostile.group_churn(spool, 0, 10_000)
+    hostile.fake_ranks(spool, jobs=2, ranks=32)
     fifos = spool / "fifos"
     fifos.mkdir()
     for rank in range(8):
         os.mkfifo(fifos / f"rank_{rank}.{rank + 1}.json")
     hostile.fake_dump_sets(fr, 8)
+
+
+def start_ticks(pid: int) -> int:
+    """/proc/<pid>/stat's starttime, as the reporter writes it for its own process."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rfind(")") + 2:].split()[19])
 
 
 def scrape(conn: http.client.HTTPConnection) -> bytes:
@@ -65,13 +75,14 @@ def scrape(conn: http.client.HTTPConnection) -> bytes:
     return body
 
 
-def real_job_state(text: str) -> tuple[bool, bool, int]:
+def real_job_state(text: str, seen: set[int]) -> tuple[bool, bool, int]:
     """Whether all the real job's ranks are up in a scrape, whether the collector's last run
-    succeeded, and the series count."""
+    succeeded, and the series count; adds each series' hash to `seen`."""
     up, count, success = {}, 0, False
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             count += 1
+            seen.add(hash((sample.name, tuple(sorted(sample.labels.items())))))
             if sample.name == "llmmon_rank_up" and sample.labels.get("job_id") == "real-job":
                 up[sample.labels["rank"]] = sample.value
             elif sample.name == "llmmon_exporter_collector_success":
@@ -82,7 +93,9 @@ def real_job_state(text: str) -> tuple[bool, bool, int]:
 def run(work: Path, hostile_run: bool, seconds: float) -> dict:
     spool, fr = work / "spool", work / "fr"
     spool.mkdir(parents=True)
-    hostile.real_job(spool)
+    workers = [subprocess.Popen(["sleep", str(int(seconds) + 120)]) for _ in range(REAL_RANKS)]
+    processes = [(w.pid, start_ticks(w.pid)) for w in workers]
+    hostile.real_job(spool, processes=processes)
     hostile.dump_files(fr, "real-job", REAL_RANKS, time.time() - 60)  # the daemon keeps a set
     if hostile_run:
         plant(spool, fr)
@@ -95,6 +108,7 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
          "--collector.ranks.interval=1s", "--collector.ranks.stale-after=10s",
          "--log.level=warning"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     timings, fresh, sizes, fds, series, failed = [], [], [], [], 0, 0
+    seen: set[int] = set()
     try:
         wait_http(port, "/healthz", 60)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -103,7 +117,7 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
         churn, second_dump = 1, True
         while (now := time.monotonic()) < started + seconds:
             if now >= next_write:
-                hostile.real_job(spool)
+                hostile.real_job(spool, processes=processes)
                 next_write += 1.0
             if second_dump and now >= started + seconds / 2:  # and a second one
                 hostile.dump_files(fr, "real-job", REAL_RANKS, time.time() - 60)
@@ -124,7 +138,7 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
                     body = scrape(conn)
                 timings.append((time.perf_counter() - begun) * 1000)
                 sizes.append(len(body))
-                ok, success, series = real_job_state(body.decode())
+                ok, success, series = real_job_state(body.decode(), seen)
                 failed += not success
                 if now - started >= SETTLE:
                     fresh.append(ok)
@@ -139,12 +153,15 @@ def run(work: Path, hostile_run: bool, seconds: float) -> dict:
     finally:
         stop(proc)
         log.close()
+        for worker in workers:
+            worker.kill()
+            worker.wait()
     timings.sort()
     return {"run": "hostile" if hostile_run else "idle", "seconds": seconds,
             "scrapes": len(timings),
             "scrape_ms": {"p50": round(statistics.median(timings), 2),
                           "p99": round(timings[max(int(len(timings) * 0.99) - 1, 0)], 2)},
-            "body_bytes_max": max(sizes), "series_last": series,
+            "body_bytes_max": max(sizes), "series_last": series, "series_seen": len(seen),
             "rss_mib": {"end": round(rss, 1), "peak": round(peak, 1)},
             "open_fds_max": max(fds),
             "scrapes_after_a_failed_run": failed,
@@ -168,14 +185,14 @@ def main() -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{'run':<9}{'RSS end/peak MiB':>18}{'fds max':>9}{'scrape p50/p99 ms':>19}"
-          f"{'body kB':>9}{'real job fresh':>16}{'dump sets':>11}")
+          f"{'body kB':>9}{'real job fresh':>16}{'dump sets':>11}{'series seen':>13}")
     for r in results:
         print(f"{r['run']:<9}{r['rss_mib']['end']:>9.1f} / {r['rss_mib']['peak']:<6.1f}"
               f"{r['open_fds_max']:>9}{r['scrape_ms']['p50']:>10.2f} / "
               f"{r['scrape_ms']['p99']:<6.2f}"
               f"{r['body_bytes_max'] / 1000:>9.1f}"
               f"{('yes' if r['real_job_fresh'] else 'no') + ' ' + r['real_job_fresh_scrapes']:>16}"
-              f"{len(r['real_job_dump_sets']):>11}")
+              f"{len(r['real_job_dump_sets']):>11}{r['series_seen']:>13}")
     write_json("adversarial_spool", results)
     return 0 if all(r["real_job_fresh"] and len(r["real_job_dump_sets"]) == 2
                     for r in results) else 1

@@ -80,7 +80,8 @@ class CollectorState:
     timeout: float
     status: str = "pending"  # pending | ok | empty | failed
     message: str = ""
-    last_success: float | None = None
+    last_success: float | None = None  # Unix time, for the metric
+    last_success_monotonic: float | None = None  # for staleness: a wall-clock step is no age
     last_duration: float | None = None
     last_error: str | None = None
     errors_total: int = 0
@@ -312,6 +313,7 @@ class Sampler:
                 state.digest = digest
                 state.series = sum(len(f.samples) for f in families or ())
                 state.last_success = time.time()
+                state.last_success_monotonic = time.monotonic()
                 state.last_error = "; ".join(sorted(ctx.errors.values()))[:2000] or None
                 state.watched = ctx.watched
                 if ctx.watched == 0:
@@ -338,7 +340,8 @@ class Sampler:
 
     def _expire_locked(self, state: CollectorState) -> None:
         """Drop a failing collector's last good snapshot once older than max_staleness."""
-        stale = (state.last_success or 0) < time.time() - self.max_staleness
+        last = state.last_success_monotonic
+        stale = last is None or last < time.monotonic() - self.max_staleness
         if state.families is not None and stale:
             state.families = None
             state.text = state.openmetrics = b""

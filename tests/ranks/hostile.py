@@ -72,11 +72,23 @@ def write(spool: Path, job: str, name: str, data: bytes) -> Path:
     return directory / name
 
 
-def real_job(spool: Path, job: str = "real-job", ranks: int = 4, completed: int = 10) -> None:
-    """(Re)write a healthy job's state files: what must stay fresh whatever else the spool holds."""
+def real_job(spool: Path, job: str = "real-job", ranks: int = 4, completed: int = 10,
+             processes: list[tuple[int, int]] | None = None) -> None:
+    """(Re)write a healthy job's state files: what must stay fresh whatever else the spool holds.
+    `processes`: each rank's (pid, start ticks), for ranks of processes that really run."""
     for rank in range(ranks):
-        write(spool, job, layout.state_name(rank, 5000 + rank),
-              state(job, rank, 5000 + rank, world=ranks, completed=completed))
+        pid, ticks = processes[rank] if processes else (5000 + rank, 0)
+        write(spool, job, layout.state_name(rank, pid),
+              state(job, rank, pid, world=ranks, completed=completed, start_ticks=ticks))
+
+
+def fake_ranks(spool: Path, jobs: int, ranks: int, job: str = "aaa-fake") -> None:
+    """State files of ranks whose processes do not exist, in job directories that sort first."""
+    for j in range(jobs):
+        for rank in range(ranks):
+            pid = 4_000_000 + 1000 * j + rank
+            write(spool, f"{job}-{j}", layout.state_name(rank, pid),
+                  state(f"{job}-{j}", rank, pid, world=ranks, start_ticks=4242))
 
 
 def junk_dir(spool: Path, count: int, job: str = "aaa-junk") -> None:

@@ -19,6 +19,7 @@ from llmmon.ranks import dumps, stall
 from llmmon.collector import Collector, Context, RouteError
 from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
+from llmmon.ranks.clock import DaemonClock
 from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, seen_alive
@@ -310,13 +311,15 @@ class RanksCollector(Collector):
 
     def __init__(self, env, config) -> None:  # type: ignore[no-untyped-def]
         super().__init__(env, config)
+        self.clock = DaemonClock()  # stall ages, staleness and sweeps: immune to clock steps
         self.ledger = Ledger(config["max_ranks"], config["max_ranks_per_job"],
                              seen_alive(env.procfs))
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
                                   config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],
                                   config["drop_after"], config["max_read_bytes"],
-                                  config["timeout"] / 2)  # the rest: evidence, rendering
+                                  config["timeout"] / 2,  # the rest: evidence, rendering
+                                  self.clock.offset)
         self.keeper = dumps.DumpKeeper(config["fr_dir"], config["dumps_keep"])
         self._rejected: Counter[str] = Counter()
         self._sanitised: Counter[str] = Counter()
@@ -327,9 +330,9 @@ class RanksCollector(Collector):
         self._dumped: set[tuple[str, str, int]] = set()
         self._kept = 0
         self._lock = threading.Lock()
-        self.watch = PidWatch(env.procfs, config["pid_poll"])
+        self.watch = PidWatch(env.procfs, config["pid_poll"], self.clock.now)
         self.tcp = TcpWatch(env.procfs)
-        self._evidence: dict[str, Any] = self._judge(time.time())
+        self._evidence: dict[str, Any] = self._judge(self.clock.now())
 
     def start(self) -> None:
         self.watch.start()
@@ -383,7 +386,7 @@ class RanksCollector(Collector):
             return self._evidence
 
     def collect(self, ctx: Context) -> Iterable[Metric]:
-        return self.collect_at(ctx, time.time())
+        return self.collect_at(ctx, self.clock.now())
 
     def collect_at(self, ctx: Context, now: float) -> Families:
         """One run as of Unix time `now` (tests replay fixture spools at a fixed time)."""

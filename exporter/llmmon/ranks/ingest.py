@@ -72,8 +72,13 @@ class _LogRead:
 class SpoolIngest:
     def __init__(self, source: SpoolSource, ledger: Ledger, stale_after: float,
                  drop_after: float, max_read_bytes: int,
-                 max_parse_seconds: float = float("inf")) -> None:
+                 max_parse_seconds: float = float("inf"),
+                 offset: Callable[[], float] = lambda: 0.0) -> None:
+        """`offset`: the wall clock minus the clock `run` is given (llmmon.ranks.clock), by
+        which a file's modification time is read onto that clock."""
         self.source = source
+        self.offset = offset
+        self._written: dict[str, tuple[float, float]] = {}  # path -> (mtime, on our clock)
         self.max_read_bytes = max_read_bytes
         self.max_parse_seconds = max_parse_seconds
         self._budget = max_read_bytes
@@ -85,6 +90,15 @@ class SpoolIngest:
         self._entries: dict[str, _Parsed[RankEntries]] = {}
         self._logs: dict[str, _LogRead] = {}
         self._reported: dict[str, tuple[str, Stamp | None]] = {}
+
+    def written(self, path: str, mtime: float) -> float:
+        """When `path` was written, on the clock `run` is given: its mtime less the wall
+        clock's offset when this version was first seen, so a version read before a clock
+        step keeps its age after it."""
+        known = self._written.get(path)
+        if known is None or known[0] != mtime:
+            known = self._written[path] = (mtime, mtime - self.offset())
+        return known[1]
 
     def run(self, now: float) -> IngestResult:
         result = IngestResult()
@@ -102,7 +116,8 @@ class SpoolIngest:
         logs = {(f.job_dir, f.rank, f.pid): f for f in scan.files if f.kind == "log"}
         current = self._current(states, now, result)
         for spool_file, state in current:
-            if not self.ledger.observe_state(state, spool_file.mtime, now):
+            if not self.ledger.observe_state(state, self.written(spool_file.path,
+                                                                 spool_file.mtime), now):
                 self._problem(result, "too_many_ranks", spool_file.path,
                               f"{spool_file.path}: more than {self.ledger.max_ranks} ranks, "
                               f"or {self.ledger.max_ranks_per_job} of job "
@@ -118,7 +133,8 @@ class SpoolIngest:
         self.ledger.cut.clear()
         self._sweep(scan.files, scan.temporaries, now)
         live = {f.path for f in scan.files} | {r.path for r in scan.rejected}
-        for cache in (self._states, self._entries, self._logs, self._reported):
+        live |= {path for path, _ in scan.temporaries}
+        for cache in (self._states, self._entries, self._logs, self._reported, self._written):
             for path in set(cache) - live - {self.source.root}:
                 del cache[path]
         return result
@@ -143,7 +159,7 @@ class SpoolIngest:
             key = (who.job_id, who.rank)
             if key not in chosen:
                 chosen[key] = (spool_file, state)
-            elif now - spool_file.mtime <= self.stale_after:
+            elif now - self.written(spool_file.path, spool_file.mtime) <= self.stale_after:
                 winner = chosen[key][0]
                 self._problem(result, "duplicate", spool_file.path,
                               f"{spool_file.path}: job {who.job_id} rank {who.rank} is also "
@@ -279,7 +295,8 @@ class SpoolIngest:
     def _sweep(self, files: list[SpoolFile], temporaries: list[tuple[str, float]],
                now: float) -> None:
         """Delete spool files nobody has written for drop_after, and abandoned temp files."""
-        old = [f.path for f in files if now - f.mtime > self.drop_after]
-        old += [path for path, mtime in temporaries if now - mtime > self.drop_after]
+        old = [f.path for f in files if now - self.written(f.path, f.mtime) > self.drop_after]
+        old += [path for path, mtime in temporaries
+                if now - self.written(path, mtime) > self.drop_after]
         for path in old:
             self.source.remove(path)

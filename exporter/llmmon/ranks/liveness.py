@@ -80,9 +80,11 @@ def seen_alive(procfs: RootedFS) -> Callable[[int, int], bool]:
 
 
 class PidWatch:
-    def __init__(self, procfs: RootedFS, interval: float = 0.1) -> None:
+    def __init__(self, procfs: RootedFS, interval: float = 0.1,
+                 clock: Callable[[], float] = time.time) -> None:
         self.procfs = procfs
         self.interval = interval
+        self.clock = clock  # the collector's (llmmon.ranks.clock): its thread's times match
         self._processes: dict[Key, Process] = {}
         self._pidfds: dict[Key, int] = {}  # of visible processes not yet seen gone
         self._own = RootedFS("/proc")  # this daemon's PID namespace, for the pidfds
@@ -143,7 +145,7 @@ class PidWatch:
             return None if process is None else Process(**vars(process))
 
     def poll(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         with self._lock:
             followed = [(key, p) for key, p in self._processes.items() if p.gone_at is None]
         for key, process in followed:
