@@ -202,12 +202,12 @@ def attack(case: str, port: int, cert: Path, until: float) -> None:
             return sock
         return opener
 
-    def wrong_passwords(n: int) -> None:
-        auth = basic(f"wrong-{n}")
+    def hammer(headers: dict[str, str]) -> None:
+        """GET /metrics with `headers` as fast as answered, reconnecting when closed."""
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
         while time.monotonic() < until:
             try:
-                conn.request("GET", "/metrics", headers={"Authorization": auth})
+                conn.request("GET", "/metrics", headers=headers)
                 conn.getresponse().read()
             except (OSError, http.client.HTTPException):
                 conn.close()
@@ -232,20 +232,7 @@ def attack(case: str, port: int, cert: Path, until: float) -> None:
             return sock
         return opener
 
-    def big_headers(n: int) -> None:
-        filler = "a" * 8000
-        headers = {f"X-Filler-{i}": filler for i in range(8)}
-        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
-        while time.monotonic() < until:
-            try:
-                conn.request("GET", "/metrics", headers=headers)
-                conn.getresponse().read()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30,
-                                                   context=context)
-                time.sleep(0.05)
-
+    bomb = {f"X-Filler-{i}": "a" * 8000 for i in range(8)}  # 64 KiB of headers
     head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     scrape = (head + b"Accept-Encoding: identity\r\nAuthorization: "
               + basic(PASSWORD).encode() + b"\r\n\r\n")
@@ -256,11 +243,11 @@ def attack(case: str, port: int, cert: Path, until: float) -> None:
         "slowloris": [(hold, (port, 200, until, tls(head), b"X-a: b\r\n")),
                       (hold, (port, 200, until, tls(post), b"x"))],
         "tls-idle": [(hold, (port, 360, until, tls(b""))), (hold, (port, 360, until, bare))],
-        "auth-flood": [(wrong_passwords, (n,)) for n in range(200)],
+        "auth-flood": [(hammer, ({"Authorization": basic(f"wrong-{n}")},)) for n in range(200)],
         "pipeline-unread": [(hold, (port, 300, until, unread(scrape * 100), b"", False))],
         "pipeline-refused": [(hold, (port, 300, until, unread((head + b"\r\n") * 100), b"",
                                      False))],
-        "header-bomb": [(big_headers, (n,)) for n in range(50)],
+        "header-bomb": [(hammer, (bomb,)) for _ in range(50)],
     }
     threads = [threading.Thread(target=f, args=a, daemon=True) for f, a in plans[case]]
     for thread in threads:

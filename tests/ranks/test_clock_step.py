@@ -39,6 +39,15 @@ def _write(spool: Path, when: float) -> None:
         os.utime(path, (when, when))
 
 
+def _run(collector, clock: DaemonClock, time: Time, spool: Path,  # type: ignore
+         seconds: int) -> None:
+    """`seconds` of a reporting job: each second the reporters write and the collector runs."""
+    for _ in range(seconds):
+        time.tick()
+        _write(spool, time.wall)
+        scrape(collector, clock.now())
+
+
 def _group(collector) -> dict:  # type: ignore[no-untyped-def]
     (job,) = collector.evidence()["jobs"]
     (group,) = [g for g in job["groups"] if g["stalled_seconds"] > 0] or job["groups"][:1]
@@ -50,10 +59,7 @@ def test_a_step_back_keeps_a_hung_group_hung(tmp_path: Path,
     spool, now = staged(tmp_path, "nccl4")  # job llama-8b, hung in one group
     time = Time(now)
     collector, clock = _collector(spool, tmp_path, time)
-    for _ in range(40):
-        time.tick()
-        _write(spool, time.wall)
-        scrape(collector, clock.now())
+    _run(collector, clock, time, spool, 40)
     before = _group(collector)
     assert before["stalled"] >= 40 and all(before["up"])
     with caplog.at_level(logging.WARNING, logger="llmmon.ranks.clock"):
@@ -70,10 +76,7 @@ def test_a_step_forward_drops_no_live_rank_and_deletes_no_file(tmp_path: Path) -
     spool, now = staged(tmp_path, "nccl4")
     time = Time(now)
     collector, clock = _collector(spool, tmp_path, time)
-    for _ in range(5):
-        time.tick()
-        _write(spool, time.wall)
-        scrape(collector, clock.now())
+    _run(collector, clock, time, spool, 5)
     files = sorted(spool.rglob("*.json"))
     time.tick()
     time.wall += 900  # past drop_after (10 min), before the reporters write again
