@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 import requests
 
 from tests.conftest import FIXTURES
+from tests.helpers import wait_for
 
 DISK_ONLY = ("--collector.disable-defaults", "--collector.disk", "--collector.disk.interval=1s",
              f"--path.procfs={FIXTURES / 'proc'}", f"--path.sysfs={FIXTURES / 'sys'}")
@@ -33,14 +33,10 @@ def children(pid: int) -> list[int]:
 
 def collector_process(pid: int, other_than: int | None = None, timeout: float = 60) -> int:
     """The server's collector process (a new one, when `other_than` names the old)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [c for c in children(pid) if c != other_than and "llmmon.serve.child" in
-                 open(f"/proc/{c}/cmdline").read().replace("\0", " ")]
-        if found:
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no collector process under {pid}")
+    return wait_for(lambda: next((c for c in children(pid) if c != other_than and
+                                  "llmmon.serve.child" in
+                                  open(f"/proc/{c}/cmdline").read().replace("\0", " ")), None),
+                    timeout, f"a collector process under {pid}", interval=0.05)
 
 
 def alive(pid: int) -> bool:
@@ -49,15 +45,6 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def wait_until(check, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def last_success(url: str) -> float:
@@ -86,7 +73,7 @@ def test_the_server_answers_while_the_collector_process_is_frozen(serve):
         assert "did not answer" in answer.json()["error"]
     finally:
         os.kill(child, signal.SIGCONT)
-    wait_until(lambda: last_success(server.url) > frozen_at, "a run after SIGCONT")
+    wait_for(lambda: last_success(server.url) > frozen_at, 60, "a run after SIGCONT")
     assert requests.get(server.url + "/api/v1/diagnose", timeout=30).status_code == 200
 
 
@@ -103,7 +90,7 @@ def test_a_killed_collector_process_is_started_again_and_counted(serve):
         counted = "llmmon_exporter_collector_process_restarts_total 1.0" in text
         return text if counted and DISK_OK in text else None  # the new process ran disk
 
-    wait_until(counted, "the restart counted in /metrics, disk collected again")
+    wait_for(counted, 60, "the restart counted in /metrics, disk collected again")
     assert alive(new) and not alive(child)
 
 
@@ -117,7 +104,7 @@ def test_a_collector_process_over_its_memory_cap_is_killed_and_reported(serve):
         text = requests.get(server.url + "/metrics", timeout=5).text
         return text if 'llmmon_exporter_collector_success{collector="disk"} 0' in text else None
 
-    text = wait_until(failed, "disk reported failed")
+    text = wait_for(failed, 60, "disk reported failed")
     restarts = re.search(r"^llmmon_exporter_collector_process_restarts_total (\S+)$", text, re.M)
     assert restarts is not None, text
     answer = requests.get(server.url + "/api/v1/diagnose", timeout=30)
@@ -132,7 +119,7 @@ def test_the_collector_process_stops_with_the_server(serve):
     child = collector_process(polite.proc.pid)
     polite.proc.send_signal(signal.SIGTERM)
     polite.proc.wait(30)
-    wait_until(lambda: not alive(child), "the collector process gone after SIGTERM")
+    wait_for(lambda: not alive(child), 60, "the collector process gone after SIGTERM")
     assert "went away" not in polite.log(), polite.log()
 
     killed = serve(*DISK_ONLY)
@@ -140,7 +127,7 @@ def test_the_collector_process_stops_with_the_server(serve):
     child = collector_process(killed.proc.pid)
     killed.proc.kill()
     killed.proc.wait(30)
-    wait_until(lambda: not alive(child), "the collector process gone after the server's SIGKILL")
+    wait_for(lambda: not alive(child), 60, "the collector process gone after the server's SIGKILL")
     assert "the server went away" in killed.wait_log("went away")
 
 
@@ -165,7 +152,7 @@ def test_a_format_nobody_scrapes_is_no_longer_rendered_until_asked_for(serve):
         assert scrape.status_code == 200 and scrape.text.endswith("# EOF\n")
         return rendered(server.url) == {"disk": ["openmetrics"]}
 
-    wait_until(openmetrics_only, "the text format dropped after 1s without a text scrape")
+    wait_for(openmetrics_only, 60, "the text format dropped after 1s without a text scrape")
     text = requests.get(server.url + "/metrics", headers={"Accept": "text/plain"}, timeout=10)
     assert text.status_code == 200
     assert text.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -173,7 +160,7 @@ def test_a_format_nobody_scrapes_is_no_longer_rendered_until_asked_for(serve):
     assert "# EOF" not in text.text
     assert rendered(server.url) == {"disk": ["text", "openmetrics"]}
     # A frozen collector process cannot render it: the scrape is refused, not hung
-    wait_until(openmetrics_only, "the text format dropped again")
+    wait_for(openmetrics_only, 60, "the text format dropped again")
     child = collector_process(server.proc.pid)
     os.kill(child, signal.SIGSTOP)
     try:

@@ -10,7 +10,8 @@ from typing import Callable, Iterator, Sequence
 import pytest
 import yaml
 
-from deploy_helpers import ROOT, Certs, Exporter, ca, free_port, issue, stop, wait_for_port
+from tests.deploy.deploy_helpers import ROOT, Certs, Exporter, ca, issue, wait_for_port
+from tests.helpers import free_port, stop_process
 
 
 @pytest.fixture(scope="session")
@@ -54,4 +55,4 @@ def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
 
     yield start
     for process in started:
-        stop(process)
+        stop_process(process)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from deploy_helpers import ROOT, Certs, issue, require
+from tests.deploy.deploy_helpers import ROOT, Certs, issue, require
 from llmmon.serve.webconfig import WebConfig
 
 PASSWORD = "s3cret-scrape"

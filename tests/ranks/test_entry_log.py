@@ -12,8 +12,9 @@ import pytest
 
 from llmmon.collectors.ranks import RanksCollector
 from llmmon_reporter import entrylog, layout
+from tests.helpers import wait_for
 from tests.ranks.hostile import state, write
-from tests.ranks.jobs import base_env, make_collector, scrape, series, wait_for
+from tests.ranks.jobs import base_env, make_collector, scrape, series
 
 # One gloo rank whose reporter ticks only when told: phase k issues argv[k] all_reduces of 16
 # floats, waits until the Flight Recorder has them all retired, ticks (writing the state and
