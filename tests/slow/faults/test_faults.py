@@ -88,7 +88,7 @@ def test_a_frozen_rank_is_named_from_its_silence_while_its_peers_report(results:
 def test_a_rank_that_exits_or_is_killed_is_named_with_its_code_or_signal(results: dict) -> None:
     # node-b's daemon saw rank 3 go first (its exit record, or its pidfd with the SIGKILL
     # status); what node-a's daemon says of its own ranks (a lost peer) blames neither of them
-    # (tests/ranks/test_job_end.py shows it; here it may come after both sources named rank 3).
+    # (tests/slow/ranks/test_job_end.py shows it; here it may come after both sources named rank 3).
     for name, said in (("exit", "rank 3 exited first (code 3)"),
                        ("sigkill", "rank 3 exited first (killed by signal 9)")):
         r = results[name]
