@@ -32,7 +32,7 @@ import yaml
 from llmmon_reporter.spoolfile import write_atomic
 from llmmon_reporter.stepstats import StepStats
 from tests.conftest import FIXTURES, ROOT, ServeProcess
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 CLUSTER = "test"
@@ -254,12 +254,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield Live(url, time.monotonic() + DATA_TIMEOUT)
     finally:
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+            stop_process(process)
         for server in servers:
             server.stop()
         activity.stop()

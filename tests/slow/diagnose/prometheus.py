@@ -13,7 +13,7 @@ import requests
 import yaml
 
 from tests.conftest import ROOT
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process
 
 BINARY = shutil.which("prometheus") or "/usr/bin/prometheus"
 CLUSTER = "test"
@@ -67,10 +67,4 @@ class Prometheus:
         raise AssertionError(f"no data for {expr} after {timeout}s:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process)

@@ -32,7 +32,7 @@ import pytest
 
 from llmmon.simulate import hardware, stack
 from tests.conftest import ROOT
-from tests.helpers import wait_for
+from tests.helpers import stop_process, wait_for
 from tests.slow.e2e.cases import CASES, Case
 
 SPEED = 20
@@ -176,13 +176,7 @@ def e2e() -> Iterator[Stack]:
             history.close()
         for server in reversed(servers):
             server.stop()
-        if simulator.poll() is None:
-            simulator.terminate()
-            try:
-                simulator.wait(30)
-            except subprocess.TimeoutExpired:
-                simulator.kill()
-                simulator.wait(10)
+        stop_process(simulator, 30)
         _kill_daemons(work / "sim" / "exporters.json")
         receiver.close()
         shutil.rmtree(work, ignore_errors=True)
