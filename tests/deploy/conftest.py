@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,11 @@ def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
     yield start
     for process in started:
         stop_process(process)
+
+
+@pytest.fixture
+def workdir(certs: Certs, tmp_path: Path) -> Path:
+    """A folder holding copies of the certificates, for configs with relative file names."""
+    for path in certs.dir.glob("*.*"):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path

@@ -39,6 +39,13 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path,
              context=lambda: log.read_text(errors="replace"))
 
 
+def write(tmp_path: Path, config: dict) -> Path:
+    """`config` as tmp_path/web-config.yml."""
+    path = tmp_path / "web-config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def kustomize(path: Path) -> list[dict]:
     """`kubectl kustomize` output as a list of objects (the real renderer, offline)."""
     kubectl = require("kubectl", KUBECTL_HINT)

@@ -1,108 +1,16 @@
-"""What the reporter costs the training thread: torch's ring dump runs without the GIL, and the
-reporter's own Python work comes in short stretches (tests of `native` and `pace`).
-
-The timing claims are checked as ratios inside one process, never against a wall-clock limit:
-with the switch interval raised to a second, a thread that does not give the GIL away itself
-keeps it, so how long the other thread is kept waiting shows directly.
-"""
+"""What the reporter costs the training thread: its own Python work comes in short stretches
+(tests of `entrylog` and `pace` on rings; tests/slow/ranks/test_trainer_gil.py runs torch)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from llmmon_reporter import entrylog, timeslice
 from tests.conftest import ROOT
-from tests.ranks.jobs import base_env
 
 H200_DUMP = ROOT / "tests" / "fixtures" / "nccl" / "h200_flight_recorder.json"
-
-# One gloo rank with a full ring; prints what the test asserts as one JSON line.
-PROBE = r"""
-import json, os, sys, tempfile, threading, time
-import torch, torch.distributed as dist
-from llmmon_reporter import entrylog, flight, native
-c10d = torch._C._distributed_c10d
-dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0,
-                        world_size=1)
-for _ in range(int(os.environ["TORCH_FR_BUFFER_SIZE"]) + 100):
-    dist.all_reduce(torch.ones(16))
-# gloo retires the last record a moment after all_reduce returns: two reads compare the same ring
-while not all(e["retired"] for e in json.loads(c10d._dump_fr_trace_json())["entries"]):
-    time.sleep(0.01)
-out = {"off": native.load(torch.__file__, "_dump_fr_trace_json",
-                          {"LLMMON_REPORTER_NATIVE": "0"}) is None}
-dump = native.load(torch.__file__, "_dump_fr_trace_json", os.environ)
-binding = c10d._dump_fr_trace_json
-out["same"] = json.loads(dump(includeCollectives=True, onlyActive=False))["entries"] == \
-    json.loads(binding(includeCollectives=True, onlyActive=False))["entries"]
-recorder = flight.FlightRecorder(c10d, "_dump_fr_trace_json", dump)
-pickled = flight.FlightRecorder(c10d, "_dump_fr_trace_json")
-out["native"], out["pickled_native"] = recorder.native, pickled.native
-ring = lambda fr: json.loads(json.dumps(fr.ring(entrylog.project)["entries"]))
-out["ring_same"] = ring(recorder) == ring(pickled)
-out["records"] = len(ring(recorder))
-class Counted(entrylog._Selection):  # a ring tick's selection, counting the records it decodes
-    decoded = 0
-    def __call__(self, entry):
-        self.decoded += 1
-        return super().__call__(entry)
-last = max(e["record_id"] for e in json.loads(binding(includeCollectives=True,
-                                                      onlyActive=False))["entries"])
-ticked, sifted = Counted(last - 10), Counted(last - 10)
-out["tick_new"] = recorder.ring(ticked)["entries"] == pickled.ring(sifted)["entries"]
-out["tick_ids"] = [ticked.first, ticked.last, ticked.pending] == \
-    [sifted.first, sifted.last, sifted.pending]
-out["tick_decoded"], out["sift_decoded"] = ticked.decoded, sifted.decoded
-
-sys.setswitchinterval(1.0)  # a thread holding the GIL keeps it for up to a second
-count, stop, running = [0], threading.Event(), threading.Event()
-def spin():
-    running.set()
-    while not stop.is_set():
-        count[0] += 1
-thread = threading.Thread(target=spin)
-thread.start()
-running.wait()
-def progress(call):
-    before = count[0]
-    call(includeCollectives=True, onlyActive=False)
-    return count[0] - before
-out["spun_native"], out["spun_binding"] = progress(dump), progress(binding)
-stop.set()
-thread.join()
-print(json.dumps(out))
-"""
-
-def run_one_rank(code: str, *args: str, ring: int = 2000) -> dict:
-    """Run `code` as one gloo rank with a ring of `ring` records; the JSON line it prints."""
-    env = base_env(TORCH_FR_BUFFER_SIZE=str(ring), LLMMON_JOB="gil", RANK="0")
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(not __import__("llmmon_reporter.native").native.supported(),
-                    reason="the native dump is x86-64 Linux only; elsewhere the binding is used")
-def test_the_native_dump_answers_what_the_binding_does_without_holding_the_gil(
-        tmp_path: Path) -> None:
-    out = run_one_rank(PROBE)
-    assert out["off"], "LLMMON_REPORTER_NATIVE=0 must leave the native dump out"
-    assert out["same"] and out["ring_same"] and out["records"] == 2000
-    assert out["native"] and not out["pickled_native"]
-    # A tick after 10 new records decodes the first record, the last one shipped and the 10
-    # from torch's own dump, not the 2,000 of the ring, and keeps what reading them all keeps.
-    assert out["tick_new"] and out["tick_ids"]
-    assert (out["tick_decoded"], out["sift_decoded"]) == (12, 2000)
-    # Another thread ran while the native dump did; none while the binding did (which is why).
-    assert out["spun_native"] > 0
-    assert out["spun_binding"] == 0
-
 
 def _h200_dump() -> bytes:
     """The H200 capture's records (NCCL, with stack frames) in the dump's own layout."""
