@@ -32,13 +32,15 @@ def test_config_is_valid() -> None:
     ("alertname=LLMTrainingHang severity=critical cluster=c1 job_id=llama rank=3 node=n2", "pager"),
     ("alertname=GPUThermalThrottle severity=warning cluster=c1 node=n1", "tickets"),
     ("alertname=LLMTrainingStraggler severity=warning cluster=c1 job_id=llama rank=2", "tickets"),
-    ("alertname=RDMACongestion severity=info cluster=c1 node=n1 device=mlx5_0 port=1", "record-only"),
+    ("alertname=RDMACongestion severity=info cluster=c1 node=n1 device=mlx5_0 port=1",
+     "record-only"),
     ("alertname=SomethingElse cluster=c1", "record-only"),
 ])
 def test_route(labels: str, receiver: str) -> None:
     result = _amtool("config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
                      f"--verify.receivers={receiver}", *labels.split())
-    assert result.returncode == 0 and result.stdout.strip() == receiver, result.stdout + result.stderr
+    assert result.returncode == 0 and result.stdout.strip() == receiver, \
+        result.stdout + result.stderr
 
 
 def _matches(matchers: list[str], labels: dict[str, str]) -> bool:
@@ -83,12 +85,14 @@ def test_notification_shows_the_evidence_and_the_runbook(tmp_path: Path) -> None
         "groupLabels": {"alertname": "LLMTrainingHang", "cluster": "c1", "job_id": "llama"},
         "commonLabels": alert["labels"], "commonAnnotations": alert["annotations"],
         "externalURL": "http://127.0.0.1:9093"}))
-    result = _amtool("template", "render", f"--template.glob={TEMPLATES}", f"--template.data={data}",
-                     '--template.text={{ template "llmmon.title" . }}\n{{ template "llmmon.text" . }}')
+    result = _amtool("template", "render", f"--template.glob={TEMPLATES}",
+                     f"--template.data={data}", '--template.text={{ template "llmmon.title" . }}'
+                     '\n{{ template "llmmon.text" . }}')
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
         "[FIRING:1] LLMTrainingHang job llama on node-b (c1)\n"
         "FIRING [critical] A process group of a training job stopped making progress.\n"
         "Rank 3 of job llama on node node-b is the rank behind.\n"
         "Runbook: https://example.org/runbooks.md#llmtraininghang\n"
-        "Labels: alertname=LLMTrainingHang cluster=c1 job_id=llama node=node-b pg=0 rank=3 severity=critical\n\n")
+        "Labels: alertname=LLMTrainingHang cluster=c1 job_id=llama node=node-b pg=0 rank=3 "
+        "severity=critical\n\n")

@@ -29,7 +29,8 @@ def _receiver(store: str, tmp_path: Path, port: int) -> tuple[str, list[str]]:
     if store == "prometheus":
         (tmp_path / "receiver.yml").write_text("global: {}\n")
         return require("prometheus"), [
-            f"--config.file={tmp_path / 'receiver.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--config.file={tmp_path / 'receiver.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             "--web.enable-remote-write-receiver", f"--web.listen-address=127.0.0.1:{port}"]
     return require("victoria-metrics"), [
         f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
