@@ -43,11 +43,9 @@ def pythonpath() -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The folder is the tier: every test under tests/slow is `slow`, and no other may be, so
-    that `-m "not slow"` leaves out exactly what starts torch jobs, Prometheus, Alertmanager,
-    VictoriaMetrics or the demo, and a test marked by hand cannot hide in the fast tier's
-    folders."""
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The folder is the tier: every test under tests/slow is `slow` and no other may be, so
+    `-m "not slow"` leaves out exactly what is there and no hand-set marker hides elsewhere."""
     misplaced = []
     for item in items:
         if item.path.is_relative_to(SLOW):
