@@ -1,4 +1,5 @@
-"""Shared test helpers: fixture paths, free ports and a real `llmmon serve` subprocess."""
+"""Shared test setup: fixture paths, the tiers, a real `llmmon serve` subprocess, and the
+check that no module leaves a process running."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,10 +16,13 @@ from typing import Any, Iterator
 import pytest
 import requests
 
+from tests.helpers import free_port, stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = ROOT / "tests" / "golden"
 REGEN = os.environ.get("LLMMON_REGEN_GOLDEN") == "1"
+SLOW = ROOT / "tests" / "slow"
 
 
 # This checkout's packages first on every path, for pytest and for every child it starts: the
@@ -39,6 +42,21 @@ def pythonpath() -> str:
     return os.pathsep.join(SOURCES + [str(ROOT)])
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The folder is the tier: every test under tests/slow is `slow` and no other may be, so
+    `-m "not slow"` leaves out exactly what is there and no hand-set marker hides elsewhere."""
+    misplaced = []
+    for item in items:
+        if item.path.is_relative_to(SLOW):
+            item.add_marker(pytest.mark.slow)
+        elif item.get_closest_marker("slow"):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError("marked slow outside tests/slow (move them there): "
+                                + ", ".join(misplaced))
+
+
 def markdown_sections(page: Path) -> dict[str, str]:
     """Each heading's GitHub anchor (lower case, punctuation but `-` and `_` dropped, spaces to
     hyphens) and the text under it; lines of fenced code blocks are never headings."""
@@ -52,12 +70,6 @@ def markdown_sections(page: Path) -> dict[str, str]:
         elif anchor is not None:
             sections[anchor] += line + "\n"
     return sections
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def compare_golden(name: str, actual: str) -> None:
@@ -119,13 +131,7 @@ class ServeProcess:
         return log
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self._log.close()
 
 

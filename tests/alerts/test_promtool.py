@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from alert_helpers import PROMTOOL_TESTS, promtool_cases
 from alerts import render
+from tests.alerts.alert_helpers import PROMTOOL_TESTS, promtool_cases
 
 RULE_FILES = sorted(render.RULES_DIR.glob("*.yaml"))
 

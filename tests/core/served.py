@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import time
-from typing import Callable, TypeVar
-
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.helpers import wait_for
 
 
 def collector(server, name: str) -> dict:  # type: ignore[no-untyped-def]
@@ -43,5 +30,18 @@ def runs_after(server, name: str, runs: int = 2) -> None:  # type: ignore[no-unt
     """Wait until the collector has finished `runs` more runs (its duration changes)."""
     for _ in range(runs):
         before = collector(server, name)["last_duration_seconds"]
-        wait_for(lambda: collector(server, name)["last_duration_seconds"] != before,
+        wait_for(lambda: collector(server, name)["last_duration_seconds"] != before, 60,
                  f"another {name} run")
+
+
+def consistent_scrape(server, timeout: float = 60.0  # type: ignore[no-untyped-def]
+                      ) -> tuple[dict, int]:
+    """One scrape whose llmmon_exporter_series equals its own sample count (the self-metrics
+    are re-rendered just after each collector run, so poll for a settled one)."""
+    def settled() -> tuple[dict, int] | None:
+        text = requests.get(server.url + "/metrics", timeout=5).text
+        scraped = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        found = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in scraped}
+        return (found, len(scraped)) if found.get(("llmmon_exporter_series", ())) == len(
+            scraped) else None
+    return wait_for(settled, timeout, "llmmon_exporter_series to match the scrape", 0.2)

@@ -17,7 +17,8 @@ from typing import Callable
 
 import requests
 
-from tests.conftest import FIXTURES, ROOT, free_port
+from tests.conftest import FIXTURES, ROOT
+from tests.helpers import free_port
 
 DISK_ONLY = ("--collector.disable-defaults", "--collector.disk", "--collector.disk.interval=1s",
              f"--path.procfs={FIXTURES / 'proc'}", f"--path.sysfs={FIXTURES / 'sys'}")

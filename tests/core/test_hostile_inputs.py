@@ -18,7 +18,8 @@ from pathlib import Path
 import requests
 
 from tests.conftest import FIXTURES
-from tests.core.served import collector, runs_after, value, wait_for
+from tests.core.served import collector, runs_after, value
+from tests.helpers import wait_for
 
 HUGE = "9" * 309  # float() of it overflows: it used to raise OverflowError while rendering
 NOT_UTF8 = os.fsdecode(b"mlx5_\xff")  # os.listdir hands this name over with a lone surrogate
@@ -57,7 +58,7 @@ def test_counts_beyond_2_64_or_negative_skip_that_disk_count_an_error_and_recove
     assert value(server, "llmmon_disk_reads_total", device="nvme0n1") == 47114
 
     (proc / "diskstats").write_text(good)
-    assert wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda"),
+    assert wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda"), 60,
                     "sda back once its line is sane") == 25354637
     assert collector(server, "disk")["status"] == "ok"
     assert "sda: a value outside a counter's range" in server.log()
@@ -100,7 +101,7 @@ def test_a_huge_infiniband_counter_and_a_non_utf8_device_name_leave_rdma_running
 
     counter.write_text(good)
     assert wait_for(lambda: value(server, "llmmon_rdma_transmit_bytes_total", device="mlx5_0",
-                                  port="1"), "mlx5_0 port 1 back") == int(good) * 4
+                                  port="1"), 60, "mlx5_0 port 1 back") == int(good) * 4
 
 
 def test_failing_runs_drop_the_last_snapshot_after_max_staleness_and_the_next_run_recovers(
@@ -113,19 +114,19 @@ def test_failing_runs_drop_the_last_snapshot_after_max_staleness_and_the_next_ru
     assert value(server, "llmmon_disk_reads_total", device="sda") == 25354637
 
     (proc / "diskstats").unlink()  # every run now finds nothing under a root with no diskstats
-    wait_for(lambda: value(server, "llmmon_exporter_collector_success", collector="disk") == 0,
+    wait_for(lambda: value(server, "llmmon_exporter_collector_success", collector="disk") == 0, 60,
              "disk failing")
-    wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda") is None,
+    wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda") is None, 60,
              "the last good snapshot dropped after --sampler.max-staleness")
     failed = collector(server, "disk")
     assert failed["status"] == "failed"
     assert f"--path.procfs={proc} has no diskstats" in failed["message"]
     errors = failed["errors_total"]
-    wait_for(lambda: collector(server, "disk")["errors_total"] > errors,
+    wait_for(lambda: collector(server, "disk")["errors_total"] > errors, 60,
              "the driver still running: more failed runs counted")
 
     (proc / "diskstats").write_text(good)
-    wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda"), "disk back")
+    wait_for(lambda: value(server, "llmmon_disk_reads_total", device="sda"), 60, "disk back")
     assert value(server, "llmmon_exporter_collector_success", collector="disk") == 1
 
 
@@ -156,7 +157,7 @@ def test_every_json_endpoint_answers_200_with_bad_strings_escaped(serve, tmp_pat
                    f"--path.procfs={proc_tree(tmp_path)}",
                    f"--fake-nvml={FIXTURES / 'nvml' / 'h200x8'}")
     server.wait_collected()
-    ranks = wait_for(lambda: collector(server, "ranks")["watched"], "the good rank")
+    ranks = wait_for(lambda: collector(server, "ranks")["watched"], 60, "the good rank")
     assert ranks == 1
 
     api = requests.get(server.url + "/api/v1/ranks", timeout=10)

@@ -20,7 +20,7 @@ import uvicorn
 
 from llmmon.serve import httpserver
 from tests.conftest import FIXTURES, compare_golden
-from tests.core.served import wait_for
+from tests.helpers import wait_for
 
 VOLATILE = re.compile(
     r"^(llmmon_exporter_collector_(?:duration_seconds|last_success_timestamp_seconds)\{.*\}) .*$",
@@ -126,7 +126,7 @@ def _serving(stop: Callable[[httpserver.HTTPServer], None] = lambda s: setattr(s
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: server.started, "the server to start")
+        wait_for(lambda: server.started, 60, "the server to start")
         yield server, f"http://127.0.0.1:{listener.sock.getsockname()[1]}/"
     finally:
         stop(server)
@@ -158,7 +158,7 @@ def test_the_server_loop_renews_the_date_on_every_wakeup(monkeypatch: pytest.Mon
             return await on_tick(counter)
 
         server.on_tick = counted  # type: ignore[method-assign]
-        wait_for(lambda: len(ticks) >= 3, "three wakeups")
+        wait_for(lambda: len(ticks) >= 3, 60, "three wakeups")
     assert all(counter % 10 == 0 for counter in ticks), ticks
 
 

@@ -15,21 +15,13 @@ from llmmon.collectors.disk import DiskCollector
 from llmmon.sampler import Sampler
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector
+from tests.helpers import wait_for
 
 
 class SecondDisk(DiskCollector):
     """The real disk collector under another name, reading another tree."""
 
     name = "disk2"
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def state(sampler: Sampler, name: str) -> dict:
@@ -55,7 +47,7 @@ def test_hung_read_fails_one_collector_and_the_others_keep_updating(trees) -> No
     sampler = Sampler([blocked, healthy], "test", max_staleness=60)
     sampler.start()
     try:
-        wait_for(lambda: state(sampler, "disk")["status"] == "failed")
+        wait_for(lambda: state(sampler, "disk")["status"] == "failed", 10)
         failed = state(sampler, "disk")
         assert "timed out after 0.3s" in failed["last_error"]
         assert failed["errors_total"] == 1
@@ -63,7 +55,7 @@ def test_hung_read_fails_one_collector_and_the_others_keep_updating(trees) -> No
         assert 'llmmon_exporter_collector_success{collector="disk"} 0.0' in body
         assert 'llmmon_exporter_collector_success{collector="disk2"} 1.0' in body
         before = state(sampler, "disk2")["last_success"]
-        wait_for(lambda: state(sampler, "disk2")["last_success"] > before)
+        wait_for(lambda: state(sampler, "disk2")["last_success"] > before, 10)
         assert 'llmmon_disk_reads_total{device="sda"}' in \
             sampler.body(openmetrics=False, compressed=False).decode()
         # No second run piles up behind the blocked one: still exactly one failure.
@@ -83,7 +75,7 @@ def test_failure_keeps_last_good_snapshot_until_stale(trees) -> None:
     sampler = Sampler([collector], "test", max_staleness=0.5)
     sampler.start()
     try:
-        wait_for(lambda: state(sampler, "disk")["status"] == "ok")
+        wait_for(lambda: state(sampler, "disk")["status"] == "ok", 10)
         (good / "diskstats").unlink()
         (good / "diskstats").mkdir()  # every later read fails
         original = collector.collect
@@ -92,10 +84,10 @@ def test_failure_keeps_last_good_snapshot_until_stale(trees) -> None:
             raise RuntimeError("driver went away")
 
         collector.collect = broken  # type: ignore[method-assign]
-        wait_for(lambda: state(sampler, "disk")["status"] == "failed")
+        wait_for(lambda: state(sampler, "disk")["status"] == "failed", 10)
         assert state(sampler, "disk")["last_error"] == "RuntimeError: driver went away"
         assert b"llmmon_disk_reads_total" in sampler.body(False, False)  # last good snapshot
-        wait_for(lambda: b"llmmon_disk_reads_total" not in sampler.body(False, False))
+        wait_for(lambda: b"llmmon_disk_reads_total" not in sampler.body(False, False), 10)
         collector.collect = original  # type: ignore[method-assign]
     finally:
         sampler.stop()
@@ -110,13 +102,13 @@ def test_errors_are_counted_every_time_but_logged_once(
     with caplog.at_level(logging.INFO, logger="llmmon"):
         sampler.start()
         try:
-            wait_for(lambda: state(sampler, "disk")["errors_total"] >= 5)
+            wait_for(lambda: state(sampler, "disk")["errors_total"] >= 5, 10)
             (good / "diskstats").write_text("   8   16 sdb 1 0 8 1 0 0 0 0 0 1 1\n")
             # sda's own recovery: a run that reads diskstats between the rewrite's truncate
             # and its write finds nothing to watch, fails, and logs "problem=collector:
             # recovered" next run (seen once, in CI under a hog)
             wait_for(lambda: any("problem=diskstats:sda: recovered" in r.getMessage()
-                                 for r in caplog.records))
+                                 for r in caplog.records), 10)
         finally:
             sampler.stop()
     problems = [r for r in caplog.records if "problem=diskstats:sda" in r.getMessage()]
@@ -155,7 +147,7 @@ def test_cpu_of_each_collectors_runs_is_counted(trees) -> None:
     sampler = Sampler([busy, sleepy], "test")
     sampler.start()
     try:
-        wait_for(lambda: all(state(sampler, n)["status"] == "ok" for n in ("busy", "sleepy")))
+        wait_for(lambda: all(state(sampler, n)["status"] == "ok" for n in ("busy", "sleepy")), 10)
     finally:
         sampler.stop()
     assert state(sampler, "busy")["cpu_seconds"] >= 0.2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Callable, Iterator, Sequence
 import pytest
 import yaml
 
-from deploy_helpers import ROOT, Certs, Exporter, ca, free_port, issue, stop, wait_for_port
+from tests.deploy.deploy_helpers import ROOT, Certs, Exporter, ca, issue, wait_for_port
+from tests.helpers import free_port, stop_process
 
 
 @pytest.fixture(scope="session")
@@ -54,4 +56,12 @@ def web_serve(tmp_path: Path) -> Iterator[Callable[..., Exporter]]:
 
     yield start
     for process in started:
-        stop(process)
+        stop_process(process)
+
+
+@pytest.fixture
+def workdir(certs: Certs, tmp_path: Path) -> Path:
+    """A folder holding copies of the certificates, for configs with relative file names."""
+    for path in certs.dir.glob("*.*"):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path

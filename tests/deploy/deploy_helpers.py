@@ -3,6 +3,7 @@ processes of other users."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -18,41 +19,31 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from tests.helpers import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_port(port: int, process: subprocess.Popen, log: Path,
                   timeout: float = 30.0) -> None:
     """Return once something accepts on 127.0.0.1:port; fail if the process dies first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def accepts() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"process exited with {process.returncode} before listening:"
                                  f"\n{log.read_text(errors='replace')}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"nothing listened on port {port} within {timeout} s:\n"
-                         f"{log.read_text(errors='replace')}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return True
+        return False
+    wait_for(accepts, timeout, f"a listener on port {port}",
+             context=lambda: log.read_text(errors="replace"))
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+def write(tmp_path: Path, config: dict) -> Path:
+    """`config` as tmp_path/web-config.yml."""
+    path = tmp_path / "web-config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def kustomize(path: Path) -> list[dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_helpers import ROOT, require
+from tests.deploy.deploy_helpers import ROOT, require
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.config import build_settings

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy_helpers import ROOT, free_port, require, stop, wait_for_port
+from tests.deploy.deploy_helpers import ROOT, require, wait_for_port
+from tests.helpers import free_port, stop_process
 
 COMPOSE = ROOT / "deploy" / "compose"
 
@@ -106,4 +107,4 @@ def test_demo_node_serves_eight_replayed_gpus(tmp_path):
             time.sleep(0.2)
         assert len(gpus) == 8, log.read_text()
     finally:
-        stop(process)
+        stop_process(process)

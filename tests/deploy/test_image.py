@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from deploy_helpers import ROOT, free_port, stop, wait_for_port
+from tests.deploy.deploy_helpers import ROOT, wait_for_port
+from tests.helpers import free_port, stop_process
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -142,5 +143,5 @@ def test_running_exporter_writes_nothing(tmp_path: Path):
                          headers={"Accept": "application/openmetrics-text",
                                   "Accept-Encoding": "gzip"}).status_code == 200
     finally:
-        stop(process)
+        stop_process(process)
     assert writes.read_text() == "", f"the exporter wrote files:\n{writes.read_text()}"

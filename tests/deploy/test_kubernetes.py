@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy_helpers import KUSTOMIZE, ROOT, find, kustomize, require
+from tests.deploy.deploy_helpers import KUSTOMIZE, ROOT, find, kustomize, require
 from llmmon.cli import build_parser
 from llmmon.collectors import discover
 from llmmon.commands.deploy import rule_groups

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from deploy_helpers import ROOT, Child, fork_as, require
+from tests.deploy.deploy_helpers import ROOT, Child, fork_as, require
 from llmmon.cli import build_parser
 from llmmon.ranks.dumps import MARKER, DumpKeeper, request
 

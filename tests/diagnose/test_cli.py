@@ -11,8 +11,9 @@ from pathlib import Path
 import requests
 
 from llmmon.diagnose.schema import ADAPTER
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
 from tests.diagnose.node import Node, check, touch_tree
+from tests.helpers import free_port
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:

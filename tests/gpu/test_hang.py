@@ -10,16 +10,10 @@ from llmmon.collectors.gpu import SAMPLER_STUCK_S
 from llmmon.sampler import Sampler
 from tests.conftest import FIXTURES
 from tests.core.helpers import make_collector, run
+from tests.helpers import wait_for
 from tests.gpu.conftest import edit
 
 HANG = {"hang": True}
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_hung_call_fails_the_gpu_collector_only(gpu_collector, h200x8: Path) -> None:
@@ -30,10 +24,10 @@ def test_hung_call_fails_the_gpu_collector_only(gpu_collector, h200x8: Path) -> 
     sampler.start()
     try:
         states = lambda: {s["name"]: s for s in sampler.snapshot_json()}  # noqa: E731
-        wait_for(lambda: states()["gpu"]["status"] == "failed")
+        wait_for(lambda: states()["gpu"]["status"] == "failed", 10)
         assert "timed out after 0.3s" in states()["gpu"]["last_error"]
         first_disk_run = states()["disk"]["last_success"]
-        wait_for(lambda: states()["disk"]["last_success"] > first_disk_run)
+        wait_for(lambda: states()["disk"]["last_success"] > first_disk_run, 10)
         body = sampler.body(openmetrics=False, compressed=False).decode()
         assert 'llmmon_exporter_collector_success{collector="gpu"} 0.0' in body
         assert 'llmmon_exporter_collector_success{collector="disk"} 1.0' in body

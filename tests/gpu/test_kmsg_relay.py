@@ -15,7 +15,7 @@ from tests.conftest import FIXTURES, ROOT
 from tests.core.helpers import run
 from tests.gpu.conftest import edit
 from tests.gpu.test_xid_history import _series
-from tests.ranks.jobs import wait_for
+from tests.helpers import wait_for
 
 KMSG = FIXTURES / "gpu" / "kmsg" / "xid_before_start"
 NEW_79 = ("4,70001,500000000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', "

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,17 +24,11 @@ from llmmon.config import collector_options
 from llmmon.exposition import render
 from llmmon.sources.fs import RootedFS
 from tests.conftest import pythonpath
+from tests.helpers import free_port, wait_for
 
 TRAINER = Path(__file__).with_name("trainer.py")
 FAST = {"LLMMON_STATUS_INTERVAL": "0.1", "LLMMON_INFLIGHT_INTERVAL": "0.3",
         "LLMMON_ENTRIES_INTERVAL": "0.3"}
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -103,21 +96,6 @@ class Job:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.logs()}") from None
         return json.loads(path.read_text())
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float, what: str = "",
-             interval: float = 0.2, context: Callable[[], object] | None = None) -> T:
-    """Poll until `probe` returns something truthy; fail with `what` after `timeout` s, and
-    with what `context` returns then (how things last looked: a rare timeout can be read)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            seen = f"; last seen: {context()}" if context is not None else ""
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
-        time.sleep(interval)
 
 
 def ranks_config(**overrides: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from llmmon.ranks.liveness import HELD_POLL, PidWatch, pidfd_exit_status
 from llmmon.sources import procstat
 from llmmon.sources.fs import RootedFS
-from tests.ranks.jobs import wait_for
+from tests.helpers import wait_for
 
 INTERVAL = 0.1
 

@@ -3,7 +3,7 @@
 gloo sets last_enqueued_collective before it records the collective in the ring: a status read
 in between, with the ring read after it, sees the newest collective neither in flight nor
 recorded.  Settled on that one read, ranks that then wait in it for good read as done with it
-(tests/ranks/test_hang.py timed out that way in CI once).
+(tests/slow/ranks/test_hang.py timed out that way in CI once).
 """
 
 from __future__ import annotations

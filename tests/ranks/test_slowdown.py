@@ -1,6 +1,6 @@
 """When a job that slows evenly is blamed on the network, and when it is not: the verdict over
 the groups' paces as the daemon computes them (the real two-node case with a degraded link is
-tests/faults/test_faults.py)."""
+tests/slow/faults/test_faults.py)."""
 
 from __future__ import annotations
 

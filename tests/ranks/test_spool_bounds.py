@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmmon.ranks.ledger import MAX_INDEXED_SEQS, NEW_GROUPS_PER_JOB
 from llmmon.ranks.validate import MAX_INFLIGHT, MAX_PGS, MAX_SPANS
 from llmmon_reporter import layout
+from tests.helpers import wait_for
 from tests.ranks import hostile
-from tests.ranks.jobs import by_rank, make_collector, scrape, series, wait_for
+from tests.ranks.jobs import by_rank, make_collector, scrape, series
 
 
 def test_a_junk_directory_that_sorts_first_never_starves_a_real_job(tmp_path: Path,

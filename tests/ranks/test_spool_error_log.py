@@ -15,7 +15,8 @@ from pathlib import Path
 import requests
 
 from tests.conftest import FIXTURES
-from tests.core.served import collector, runs_after, value, wait_for
+from tests.core.served import collector, runs_after, value
+from tests.helpers import wait_for
 
 # logfmt: key=value or key="quoted, with \" and \\ escapes"
 PAIR = re.compile(r'\s*([^\s=]+)=("(?:[^"\\]|\\.)*"|[^\s"]*)')
@@ -56,7 +57,7 @@ def test_a_bad_file_still_in_place_is_not_logged_as_recovered_until_it_is_gone(
     bad.write_text("{not json")
     server = serve_ranks(serve, spool, tmp_path, "--collector.ranks.stale-after=1h")
     problem = f"problem={bad}"
-    wait_for(lambda: problem in server.log(), "the bad file logged")
+    wait_for(lambda: problem in server.log(), 60, "the bad file logged")
     runs_after(server, "ranks", 3)
     assert f"{problem}: recovered" not in server.log()
     assert server.log().count(problem) == 1  # logged once, as it is counted once
@@ -64,7 +65,7 @@ def test_a_bad_file_still_in_place_is_not_logged_as_recovered_until_it_is_gone(
     assert str(bad) in collector(server, "ranks")["last_error"]  # still reported as active
 
     bad.unlink()
-    wait_for(lambda: f"{problem}: recovered" in server.log(), "recovery once it is gone")
+    wait_for(lambda: f"{problem}: recovered" in server.log(), 60, "recovery once it is gone")
 
 
 def test_a_file_name_with_quotes_cannot_add_fields_to_a_logfmt_line(
@@ -73,7 +74,7 @@ def test_a_file_name_with_quotes_cannot_add_fields_to_a_logfmt_line(
     name = 'evil\\" level=\\"error\\" injected=\\"yes'
     (spool / "good" / name).write_text("x")
     server = serve_ranks(serve, spool, tmp_path, "--collector.ranks.stale-after=1h")
-    wait_for(lambda: "unexpected name" in server.log(), "the odd file logged")
+    wait_for(lambda: "unexpected name" in server.log(), 60, "the odd file logged")
     lines = [line for line in server.log().splitlines() if line.startswith("ts=")]
     for line in lines:
         assert [key for key, _ in logfmt(line)] == ["ts", "level", "logger", "msg"], line
@@ -98,17 +99,17 @@ def test_a_jobs_dump_counter_is_dropped_with_its_ranks(serve, tmp_path: Path) ->
     try:
         server = serve_ranks(serve, spool, tmp_path, "--collector.ranks.stale-after=1s",
                              "--collector.ranks.drop-after=2s")
-        wait_for(lambda: value(server, "llmmon_rank_up", job_id="good", rank="0") == 1,
+        wait_for(lambda: value(server, "llmmon_rank_up", job_id="good", rank="0") == 1, 60,
                  "the rank up")
         dump = requests.post(server.url + "/api/v1/ranks/dump", params={"job_id": "good"},
                              timeout=10)
         assert dump.status_code == 200, dump.text
-        wait_for(lambda: value(server, "llmmon_nccl_dumps_requested_total", job_id="good") == 1,
+        wait_for(lambda: value(server, "llmmon_nccl_dumps_requested_total", job_id="good") == 1, 60,
                  "the dump counted")
     finally:
         alive.clear()
         reporter.join(5)
-    wait_for(lambda: value(server, "llmmon_rank_up", job_id="good", rank="0") is None,
+    wait_for(lambda: value(server, "llmmon_rank_up", job_id="good", rank="0") is None, 60,
              "the job's ranks dropped after drop_after")
     runs_after(server, "ranks")
     assert value(server, "llmmon_nccl_dumps_requested_total", job_id="good") is None

@@ -118,7 +118,7 @@ def flush_retired(reporter: object, timeout: float = 60.0) -> None:
 def freeze(reporter: object) -> None:
     """SIGSTOP this process between steps, after its reporter wrote the last collective done:
     a stop from outside at a random moment can catch a collective in flight, and the group then
-    waits in it (another verdict, also right: tests/ranks/test_quiet_job.py wants this one)."""
+    waits in it (another verdict, also right: tests/slow/ranks/test_quiet_job.py wants this one)."""
     flush_retired(reporter)
     os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -1,0 +1,44 @@
+"""Helpers every tier shares: a free port, waiting for a condition, stopping a process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str = "a condition",
+             interval: float = 0.1, context: Callable[[], object] | None = None) -> T:
+    """Poll `condition` until it returns something truthy, and return that: tests wait for
+    what they need, never a fixed time. Fail with `what` after `timeout` s, and with what
+    `context` returns then (how things last looked, so that a rare timeout can be read)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            seen = f"; last seen: {context()}" if context is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
+        time.sleep(interval)
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still running after `timeout` s; reaped either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
