@@ -444,8 +444,6 @@ def _inflight(job: _Job, members: list[RankTrack], pg: str, seq: int, last: floa
 class _Standing:
     """Where a group stands before blame is laid: its members here and their positions."""
 
-    job_id: str
-    pg: str
     members: list[RankTrack]
     meta: Group | None
     progress: dict[int, Progress]
@@ -460,8 +458,7 @@ class _Standing:
     window: float
 
 
-def _standing(job_id: str, job: _Job, pg: str, now: float,
-              limits: StallThresholds) -> _Standing:
+def _standing(job: _Job, pg: str, now: float, limits: StallThresholds) -> _Standing:
     members = [t for t in job.tracks if pg in t.state.progress]
     progress = {_rank(t): t.state.progress[pg] for t in members}
     stale = tuple(sorted(_rank(t) for t in members if t.age(now) > limits.stale_after))
@@ -471,7 +468,7 @@ def _standing(job_id: str, job: _Job, pg: str, now: float,
     op, stuck, found, issued = (_inflight(job, members, pg, seq, last, now)
                                 if waiting_ranks(progress, seq) else (None, 0.0, None, {}))
     window = max(stuck, 1.0)
-    return _Standing(job_id, pg, members,
+    return _Standing(members,
                      next((t.groups()[pg] for t in members if pg in t.groups()), None),
                      progress, stale, seq, last, op, stuck, found, issued,
                      {_rank(t): job.doing(t, now, window, limits) for t in members}, window)
@@ -491,7 +488,7 @@ def _quiet(job: _Job, st: _Standing, now: float) -> tuple[float, tuple[int, ...]
 def _verdict(job_id: str, job: _Job, pg: str, now: float,
              limits: StallThresholds) -> GroupVerdict:
     """The rules applied to group `pg` of a job: where it stands, then who is to blame."""
-    st = _standing(job_id, job, pg, now, limits)
+    st = _standing(job, pg, now, limits)
     waiting, behind = waiting_ranks(st.progress, st.seq), behind_ranks(st.progress, st.seq)
     stopped = tuple(sorted(r for r, d in st.doing.items() if d.stopped))
     learned = pace.pace(st.members, pg, limits.stall_floor, limits.stall_after,
@@ -506,23 +503,27 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float,
     named = tuple(dict.fromkeys(behind + stopped)) if st.op else quiet_ranks
     last = st.last_progress
     return GroupVerdict(
-        job_id, pg, st.meta, st.progress, st.seq, waiting, behind, st.stale, stopped,
-        busy or idle_busy, remote, st.op, st.issued, st.found, last,
-        round(now - (now if last is None else last), 3), round(st.stuck, 3), round(quiet, 3),
-        quiet_ranks, learned, slowdown.group_pace(st.members, pg, now),
-        round(learned.threshold, 3), limits.stall_after,
-        stalled or quiet_stalled(quiet, learned.threshold, idle_busy),
-        {r: st.doing[r] for r in named},
-        {r: st.doing[r].text(st.window, job.report_age(r, now)) for r in named}, job.end)
+        job_id=job_id, pg=pg, meta=st.meta, progress=st.progress, frontier=st.seq,
+        waiting=waiting, behind=behind, stale=st.stale, stopped=stopped,
+        busy=busy or idle_busy, remote=remote, outstanding=st.op, issued=st.issued,
+        desync=st.found, last_progress=last,
+        no_progress_seconds=round(now - (now if last is None else last), 3),
+        stalled_seconds=round(st.stuck, 3), quiet_seconds=round(quiet, 3),
+        quiet_ranks=quiet_ranks, pace=learned, gap=slowdown.group_pace(st.members, pg, now),
+        threshold_seconds=round(learned.threshold, 3), ceiling_seconds=limits.stall_after,
+        stalled=stalled or quiet_stalled(quiet, learned.threshold, idle_busy),
+        doing={r: st.doing[r] for r in named},
+        said={r: st.doing[r].text(st.window, job.report_age(r, now)) for r in named},
+        end=job.end)
 
 
 def judge(ledger: Ledger, now: float, limits: StallThresholds, watch: PidWatch | None = None,
           tcp: TcpWatch | None = None) -> Evidence:
     """The verdicts on every job the ledger follows (`tcp`: the job's TCP loss, for the cause
     of an even slowdown)."""
-    return Evidence(now, limits, tuple(_job_evidence(ledger, job_id, tracks, now, limits, watch,
-                                                     tcp)
-                                       for job_id, tracks in ledger.jobs().items()))
+    jobs = ledger.jobs().items()
+    return Evidence(now, limits, tuple(
+        _job_evidence(ledger, job_id, tracks, now, limits, watch, tcp) for job_id, tracks in jobs))
 
 
 def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: float,
