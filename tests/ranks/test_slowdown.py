@@ -149,10 +149,12 @@ def test_the_verdict_and_the_gauge_the_rules_read_say_the_same() -> None:
     reports = tuple((end - 60 + 5 * i, 200 + 25 * i) for i in range(12)) + tuple(
         (end + 5 + 5 * i, 500 + 5 * i) for i in range(4))
     ledger = _ledger(gaps, reports, (False,) * 12 + (True, True, True, False))
-    job = stall.evidence(ledger, end + 21, stale_after=60.0, stall_after=600.0)["jobs"][0]
+    judged = stall.judge(ledger, end + 21, stall.StallThresholds(stale_after=60.0,
+                                                                 stall_after=600.0)).jobs[0]
+    job = judged.json()
     assert "suspect the network" in job["slowdown"]["cause"], job["slowdown"]
     families = Families()
-    RanksCollector._judged_families(families, job)
+    RanksCollector._judged_families(families, judged)
     exported = {m.name: m.samples for m in families}
     assert [(s.labels["pg"], s.value) for s in
             exported["llmmon_nccl_collective_gap_inside_ratio"]] == [("0", 0.937)]

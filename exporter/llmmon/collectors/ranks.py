@@ -332,7 +332,7 @@ class RanksCollector(Collector):
         self._lock = threading.Lock()
         self.watch = PidWatch(env.procfs, config["pid_poll"], self.clock.now)
         self.tcp = TcpWatch(env.procfs)
-        self._evidence: dict[str, Any] = self._judge(self.clock.now())
+        self._evidence: stall.Evidence = self._judge(self.clock.now())
 
     def start(self) -> None:
         self.watch.start()
@@ -340,10 +340,10 @@ class RanksCollector(Collector):
     def close(self) -> None:
         self.watch.close()
 
-    def _judge(self, now: float) -> dict[str, Any]:
-        return stall.evidence(self.ledger, now, self.config["stale_after"],
-                             self.config["stall_after"], self.watch, self.config["stall_floor"],
-                             self.config["stall_factor"], self.tcp)
+    def _judge(self, now: float) -> stall.Evidence:
+        limits = stall.StallThresholds(self.config["stale_after"], self.config["stall_after"],
+                                       self.config["stall_floor"], self.config["stall_factor"])
+        return stall.judge(self.ledger, now, limits, self.watch, self.tcp)
 
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
@@ -355,14 +355,14 @@ class RanksCollector(Collector):
         """POST /api/v1/ranks/dump?job_id=J: a Flight Recorder dump from J's ranks here now."""
         job_id = query.get("job_id", "")
         with self._lock:
-            jobs = {job["job_id"]: job for job in self._evidence["jobs"]}
+            jobs = {job.job_id: job for job in self._evidence.jobs}
         if not job_id:
             raise ValueError("job_id is required: POST /api/v1/ranks/dump?job_id=<job>; "
                              f"jobs here: {sorted(jobs)}")
         if job_id not in jobs:
             raise ValueError(f"unknown job_id {job_id!r}; known here: {sorted(jobs)}")
         self._admit_dump(job_id)
-        ranks = [r["rank"] for r in jobs[job_id]["ranks"]]
+        ranks = [r.rank for r in jobs[job_id].ranks]
         results = dumps.request(self.config["pipe_dir"], job_id, ranks)
         with self._lock:
             self._dumps_requested[job_id] += 1
@@ -382,8 +382,10 @@ class RanksCollector(Collector):
             self._dump_asked[job_id] = now
 
     def evidence(self) -> dict[str, Any]:
+        """The /api/v1/ranks document of the latest run."""
         with self._lock:
-            return self._evidence
+            judged = self._evidence
+        return judged.json()
 
     def collect(self, ctx: Context) -> Iterable[Metric]:
         return self.collect_at(ctx, self.clock.now())
@@ -421,20 +423,20 @@ class RanksCollector(Collector):
                          for t in tracks]
                 for job_id, tracks in self.ledger.jobs().items()}
 
-    def _dump(self, ctx: Context, evidence: dict[str, Any], now: float) -> None:
+    def _dump(self, ctx: Context, evidence: stall.Evidence, now: float) -> None:
         """Request one dump per stall (job, group, stuck sequence); keep the newest sets."""
-        for job in evidence["jobs"]:
-            for group in job["groups"]:
-                stuck = (job["job_id"], group["pg"], group["last_completed"])
-                if (not self.config["auto_dump"] or not group["stalled"] or stuck in self._dumped
-                        or group["stalled_seconds"] < self.config["dump_after"]):
+        for job in evidence.jobs:
+            for group in job.groups:
+                stuck = (job.job_id, group.pg, group.last_completed)
+                if (not self.config["auto_dump"] or not group.stalled or stuck in self._dumped
+                        or group.stalled_seconds < self.config["dump_after"]):
                     continue
                 self._dumped.add(stuck)
-                ranks = [r["rank"] for r in job["ranks"]]
-                results = dumps.request(self.config["pipe_dir"], job["job_id"], ranks)
-                self._dumps_requested[job["job_id"]] += 1
-                log.warning("%s; requested a Flight Recorder dump: %s", group["summary"], results)
-        live = {job["job_id"] for job in evidence["jobs"]}
+                ranks = [r.rank for r in job.ranks]
+                results = dumps.request(self.config["pipe_dir"], job.job_id, ranks)
+                self._dumps_requested[job.job_id] += 1
+                log.warning("%s; requested a Flight Recorder dump: %s", group.summary(), results)
+        live = {job.job_id for job in evidence.jobs}
         self._dumped = {key for key in self._dumped if key[0] in live}
         with self._lock:  # a job's dump counter goes with its ranks, as its other series do
             for job_id in self._dumps_requested.keys() - live:
@@ -447,17 +449,17 @@ class RanksCollector(Collector):
             ctx.error("dumps", f"keeping Flight Recorder dumps in {self.keeper.fr_dir}: {exc}")
 
     # rendering -------------------------------------------------------------------------
-    def _families(self, now: float, evidence: dict[str, Any]) -> Families:
+    def _families(self, now: float, evidence: stall.Evidence) -> Families:
         families = Families()
         stale_after = self.config["stale_after"]
-        judged = {job["job_id"]: job for job in evidence["jobs"]}
+        judged = {job.job_id: job for job in evidence.jobs}
         for job, tracks in self.ledger.jobs().items():
             for track in tracks:
                 self._rank_families(families, track, now, stale_after)
             self._judged_families(families, judged[job])
-            for pg, lags in judged[job]["enqueue_lag"].items():
+            for pg, lags in judged[job].enqueue_lag.items():
                 for rank, lag in lags.items():
-                    families.add(LAG, [job, rank, pg], lag)
+                    families.add(LAG, [job, str(rank), pg], lag)
             up = [t for t in tracks if t.age(now) <= stale_after]
             for pg in sorted({pg for t in up for pg in t.state.progress}):
                 for track in (t for t in up if pg in t.state.progress):
@@ -483,38 +485,23 @@ class RanksCollector(Collector):
         return families
 
     @staticmethod
-    def _judged_families(families: Families, job: dict[str, Any]) -> None:
+    def _judged_families(families: Families, job: stall.JobEvidence) -> None:
         """What the hang evidence decided, for the rules to judge with the same numbers."""
-        job_id = job["job_id"]
-        for rank in job["ranks"]:
-            labels = [job_id, str(rank["rank"])]
-            families.add(ALIVE, labels, 1 if rank["alive"] else 0)
-            if rank["exit"] is not None and rank["exit"]["code"] is not None:
-                families.add(EXIT_CODE, labels, rank["exit"]["code"])
-            doing = rank["doing"]
-            for spec, key in ((CPU_IDLE, "cpu_idle_seconds"), (IO_IDLE, "io_idle_seconds")):
-                if doing[key] is not None:
-                    families.add(spec, labels, doing[key])
-            if rank["alive"] and (rank["stack"] or doing["stopped"]):
-                families.add(DOING_INFO, labels + [doing["state"], doing["where"]], 1)
-        for group in job["groups"]:
-            for rank, signature in group["issued"].items():
-                families.add(ISSUED, [job_id, group["pg"], rank, str(group["op"]["seq"]),
-                                      signature], 1)
-            found = group["desync"]
-            if group["issued"] and found and found["basis"] == "history":
-                families.add(USUAL, [job_id, group["pg"], str(found["seq"]), found["majority"]], 1)
-            families.add(STALL_THRESHOLD, [job_id, group["pg"]], group["stall_threshold_seconds"])
-            families.add(STALLED, [job_id, group["pg"]], group["stalled_seconds"])
-            families.add(QUIET, [job_id, group["pg"]], group["quiet_seconds"])
-            if group["last_progress"] is not None:
-                families.add(GROUP_PROGRESS, [job_id, group["pg"]], group["last_progress"])
-            if group["gap"]:
-                families.add(GAP, [job_id, group["pg"]], group["gap"]["recent_seconds"])
-                if group["gap"]["baseline_seconds"] is not None:
-                    families.add(GAP_BASELINE, [job_id, group["pg"]],
-                                 group["gap"]["baseline_seconds"])
-        slow = job["slowdown"]  # the group judged slowed evenly here: no local rank late
+        job_id = job.job_id
+        for rank in job.ranks:
+            labels = [job_id, str(rank.rank)]
+            families.add(ALIVE, labels, 1 if rank.alive else 0)
+            if rank.end is not None and rank.end.code is not None:
+                families.add(EXIT_CODE, labels, rank.end.code)
+            doing = rank.doing
+            for spec, idle in ((CPU_IDLE, doing.cpu_idle), (IO_IDLE, doing.io_idle)):
+                if idle is not None:
+                    families.add(spec, labels, round(idle, 1))  # as /api/v1/ranks shows it
+            if rank.alive and (rank.state.stack or doing.stopped):
+                families.add(DOING_INFO, labels + [doing.state, doing.where], 1)
+        for group in job.groups:
+            _verdict_families(families, job_id, group)
+        slow = job.slowdown  # the group judged slowed evenly here: no local rank late
         if slow and slow["gap"]["added_inside_share"] is not None:
             families.add(GAP_INSIDE, [job_id, slow["pg"]], slow["gap"]["added_inside_share"])
 
@@ -578,6 +565,25 @@ class RanksCollector(Collector):
             families.add(NONFINITE, labels, steps.loss_nonfinite)
             families.add_histogram(STEP_SECONDS, labels,
                                    _cumulative(steps.buckets, steps.counts), steps.seconds_sum)
+
+
+def _verdict_families(families: Families, job_id: str, group: stall.GroupVerdict) -> None:
+    """A group's verdict in the numbers the hang rules read."""
+    labels = [job_id, group.pg]
+    for rank, signature in group.issued.items():
+        families.add(ISSUED, labels + [str(rank), str(group.frontier), signature], 1)
+    found = group.desync
+    if group.issued and found and found["basis"] == "history":
+        families.add(USUAL, labels + [str(found["seq"]), found["majority"]], 1)
+    families.add(STALL_THRESHOLD, labels, group.threshold_seconds)
+    families.add(STALLED, labels, group.stalled_seconds)
+    families.add(QUIET, labels, group.quiet_seconds)
+    if group.last_progress is not None:
+        families.add(GROUP_PROGRESS, labels, group.last_progress)
+    if group.gap is not None:  # to the 0.1 ms, as /api/v1/ranks shows them
+        families.add(GAP, labels, round(group.gap.recent, 4))
+        if group.gap.baseline is not None:
+            families.add(GAP_BASELINE, labels, round(group.gap.baseline, 4))
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int] | tuple[int, ...]

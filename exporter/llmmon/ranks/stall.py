@@ -4,18 +4,24 @@ The rule (PyTorch Flight Recorder, NVRx's fr_attribution): ranks of a group that
 oldest collective the group has not completed are waiting in it; a rank whose last enqueued
 sequence number is below it never entered it — the culprit.  A node only sees its own ranks:
 when every local member waits, the rank behind is on another node.
+
+Each rule is a small function; `judge` applies them to the ledger and returns typed verdicts
+(`GroupVerdict`, `RankView`, `JobEvidence`).  The /api/v1/ranks document (`.json()`), the
+summary sentence and the collector's metric families are views of those.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import AbstractSet, Any, Mapping
 
 from llmmon.ranks import culprit, desync, ending, pace, slowdown
+from llmmon.ranks.culprit import Doing
+from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, Process
 from llmmon.ranks.netns import TcpWatch
-from llmmon.ranks.validate import Group
+from llmmon.ranks.validate import Group, Progress, RankState
 from llmmon.ranks.spans import join_spans, spans_text
 
 BUSY_WINDOW = 60.0  # seconds of activity shown per rank in /api/v1/ranks
@@ -40,6 +46,331 @@ def group_ranks(group: Group) -> str:
     return join_spans(group.ranks) + (",..." if group.spans_cut else "")
 
 
+# The rules ----------------------------------------------------------------------------------
+
+def frontier(progress: Mapping[int, Progress], held: AbstractSet[int]) -> int:
+    """The oldest sequence number the group has not completed.  A stale, stopped or vanished
+    rank (`held`) reported long ago: the others may have completed more since, so the frontier
+    is that of the ranks that still report (the silent one is behind it)."""
+    fresh = [r for r in progress if r not in held] or list(progress)
+    return min(progress[r].completed for r in fresh) + 1
+
+
+def waiting_ranks(progress: Mapping[int, Progress], seq: int) -> tuple[int, ...]:
+    """Ranks that enqueued collective `seq` and have not completed it."""
+    return tuple(sorted(r for r, p in progress.items() if p.enqueued >= seq > p.completed))
+
+
+def behind_ranks(progress: Mapping[int, Progress], seq: int) -> tuple[int, ...]:
+    """Ranks that never enqueued collective `seq` while another waits in it: the culprits.
+    While nobody waits, a rank behind is just idle: none is named."""
+    if not waiting_ranks(progress, seq):
+        return ()
+    return tuple(sorted(r for r, p in progress.items() if p.enqueued < seq))
+
+
+def stalled_for(no_progress: float, waited: float | None, since_enqueue: float) -> float:
+    """How long the group has been stuck: the daemon's own observation, or how long the oldest
+    outstanding collective has waited (known even right after a daemon restart); but never
+    longer than since a member last enqueued something: a rank that just caught up (after a
+    checkpoint) is progress, its collective completes at the next reports."""
+    return min(max(no_progress, waited or 0.0), since_enqueue)
+
+
+def behind_remote(behind: tuple[int, ...], stopped: tuple[int, ...],
+                  found: dict[str, Any] | None, meta: Group | None, local: int) -> bool:
+    """Every local member waits, none stopped, no desync, and the group has ranks this node
+    does not follow: the rank behind is on another node, whose daemon sees whether it is hung
+    or busy (a checkpoint); this one calls the group stalled only at the ceiling."""
+    return (not behind and not stopped and not found
+            and bool(meta and meta.size and meta.size > local))
+
+
+def inflight_stalled(stuck: float, threshold: float, ceiling: float, *,
+                     live_waiters: bool, excused: bool, ended: bool) -> bool:
+    """A group that waits in a collective is stalled past the learned `threshold`, unless its
+    job ended (an end, not a hang) or no waiting rank still reports or is stopped (gone, not
+    hung); a busy rank behind, or one on another node (`excused`), is given until the
+    `ceiling`."""
+    return (not ended and stuck >= threshold and live_waiters
+            and (not excused or stuck >= ceiling))
+
+
+def quiet_stalled(quiet: float, threshold: float, busy: tuple[int, ...]) -> bool:
+    """Nothing in flight and the job's ranks here quiet on every group past the `threshold`:
+    each is stuck before its next collective (a one-rank job's loader, a dead file system under
+    every rank), or frozen; a rank that works (an evaluation, a checkpoint) holds it off."""
+    return bool(quiet) and quiet >= threshold and not busy
+
+
+# The verdicts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Outstanding:
+    """The collective ranks wait in: the group's frontier."""
+
+    seq: int
+    coll: str | None  # as the first member that indexed it issued it; None: none did
+    waiting_seconds: float | None  # since its first enqueue here, to the ms
+
+    def json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "coll": self.coll, "waiting_seconds": self.waiting_seconds}
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """Whether a process group of a job is stalled here, and who is to blame.  Seconds are kept
+    to the millisecond: the API, the metrics and the sentence show the same number."""
+
+    job_id: str
+    pg: str
+    meta: Group | None  # the reporters' (or Flight Recorder's) description of the group
+    progress: Mapping[int, Progress]  # local member -> its sequence numbers in the group
+    frontier: int
+    waiting: tuple[int, ...]
+    behind: tuple[int, ...]
+    stale: tuple[int, ...]
+    stopped: tuple[int, ...]
+    busy: tuple[int, ...]  # behind and working, or quiet and working: given the ceiling
+    remote: bool  # the rank behind is on another node
+    outstanding: Outstanding | None  # while a rank waits
+    issued: Mapping[int, str]  # rank -> what it issued at the frontier, once that is exported
+    desync: dict[str, Any] | None  # llmmon.ranks.desync.find
+    last_progress: float | None  # Unix time a member last completed something
+    no_progress_seconds: float
+    stalled_seconds: float
+    quiet_seconds: float
+    quiet_ranks: tuple[int, ...]
+    pace: pace.Pace
+    gap: slowdown.GroupPace | None
+    threshold_seconds: float
+    ceiling_seconds: float
+    stalled: bool
+    doing: Mapping[int, Doing]  # the ranks the sentence names, with what they do
+    said: Mapping[int, str]  # ... in words
+    end: dict[str, Any] | None  # the job's end (llmmon.ranks.ending.verdict)
+
+    @property
+    def last_completed(self) -> int:
+        return self.frontier - 1
+
+    @property
+    def ranks_label(self) -> str:
+        return group_ranks(self.meta) if self.meta else ""
+
+    @property
+    def spans_nodes(self) -> bool:
+        """The group has ranks this node does not follow."""
+        return bool(self.meta and self.meta.size and self.meta.size > len(self.progress))
+
+    def json(self) -> dict[str, Any]:
+        """The group's entry of /api/v1/ranks."""
+        meta, ordered = self.meta, sorted(self.progress.items())
+        return {
+            "job_id": self.job_id, "pg": self.pg, "pg_desc": meta.desc if meta else "",
+            "size": meta.size if meta else None,
+            "ranks": self.ranks_label,
+            "local_ranks": sorted(self.progress),
+            "enqueued": {str(r): p.enqueued for r, p in ordered},
+            "completed": {str(r): p.completed for r, p in ordered},
+            "last_completed": self.last_completed,
+            "waiting": list(self.waiting),
+            "behind": list(self.behind),
+            "stale": list(self.stale),
+            "stopped": list(self.stopped),
+            "busy": list(self.busy),
+            "remote": self.remote,
+            "op": None if self.outstanding is None else self.outstanding.json(),
+            "issued": {str(r): s for r, s in self.issued.items()},
+            "desync": self.desync,
+            "last_progress": self.last_progress,
+            "no_progress_seconds": self.no_progress_seconds,
+            "stalled_seconds": self.stalled_seconds,
+            "quiet_seconds": self.quiet_seconds,
+            "quiet_ranks": list(self.quiet_ranks),
+            "pace": self.pace.json(),
+            "gap": None if self.gap is None else self.gap.json(),
+            "stall_threshold_seconds": self.threshold_seconds,
+            "stall_ceiling_seconds": self.ceiling_seconds,
+            "stalled": self.stalled,
+            "doing": {str(r): d.json() for r, d in self.doing.items()},
+            "summary": self.summary(),
+        }
+
+    def summary(self) -> str:
+        """One sentence an SRE can act on."""
+        head = f"job {self.job_id}, group {self.pg}"
+        if self.meta and self.meta.desc:
+            head += f" ({self.meta.desc})"
+        found = self.desync
+        if self.end is not None:
+            return f"{head}: not a hang: {self.end['summary']}" + (
+                desync.text(found) if found else "")
+        if self.outstanding is None and self.quiet_seconds >= self.threshold_seconds:
+            return _quiet_summary(head, self)
+        if self.outstanding is None:
+            return f"{head}: nothing in flight (last completed #{self.last_completed})"
+        return _waiting_summary(head, self, self.outstanding)
+
+
+def _waiting_summary(head: str, group: GroupVerdict, op: Outstanding) -> str:
+    """Who waits in which collective, who is behind or stopped, and why it is (not) stalled."""
+    name = f"{op.coll or 'collective'} #{op.seq}"
+    verb = "wait" if len(group.waiting) > 1 else "waits"
+    text = (f"{head}: ranks {spans_text(list(group.waiting))} {verb} in {name} for "
+            f"{group.stalled_seconds:.0f} s")
+    if len(group.waiting) == 1:
+        text = text.replace("ranks ", "rank ", 1)
+    if group.behind:
+        text += "; " + "; ".join(
+            f"rank {r} never enqueued it (last enqueued #{group.progress[r].enqueued})"
+            + (f": {group.said[r]}" if group.said.get(r) else "") for r in group.behind)
+    elif group.stopped or group.desync:
+        pass  # named below
+    elif group.spans_nodes:
+        text += (f"; every rank on this node enqueued it: the rank behind is on another node "
+                 f"(group ranks {group.ranks_label})")
+    elif group.stalled:
+        text += "; every rank enqueued it and none completes: suspect the GPU or the network"
+    for rank in group.stopped:
+        if rank not in group.behind:
+            text += f"; rank {rank} {group.said.get(rank) or 'is stopped'}".replace(
+                " it is ", " is ", 1)
+    if group.desync:
+        text += desync.text(group.desync)
+    if group.stale:
+        text += f"; rank(s) {spans_text(list(group.stale))} stopped reporting"
+    return text if group.stalled else text + _window_clause(group)
+
+
+def _window_clause(group: GroupVerdict) -> str:
+    """Why a group that waits is not stalled yet: the window it gets, and who gets the
+    ceiling."""
+    ceiling = f"{group.ceiling_seconds:.0f} s"
+    return (f" (still within the stall window: {group.threshold_seconds:.0f} s, "
+            f"{group.pace.basis}"
+            + (f"; busy ranks get {ceiling}" if group.busy else "")
+            + (f"; a rank behind on another node gets {ceiling} here: its own node's daemon "
+               "judges it at the learned threshold" if group.remote else "") + ")")
+
+
+def _quiet_summary(head: str, group: GroupVerdict) -> str:
+    """A group with nothing in flight whose ranks here have enqueued nothing for too long."""
+    stopped = "stopped or " if group.stopped else ""
+    text = (f"{head}: nothing in flight, and no rank here enqueued a collective of any group "
+            f"for {group.quiet_seconds:.0f} s (last completed #{group.last_completed}; "
+            f"the job's pace allows {group.threshold_seconds:.0f} s): every rank here "
+            f"is {stopped}stuck before its next collective")
+    for rank in group.quiet_ranks:
+        said = group.said.get(rank) or "it is outside any collective"
+        text += f"; rank {rank} {said}".replace(" it is ", " is ", 1)
+    if group.spans_nodes:
+        text += (f" (group ranks {group.ranks_label}: a rank of another node that waits inside "
+                 "a collective for these is named by its own daemon, with these behind)")
+    if not group.stalled:
+        text += (" (not called stalled while a rank here works: an evaluation or a checkpoint "
+                 "without collectives)")
+    return text
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """A rank's sequence numbers in one group, with what the daemon noted of them."""
+
+    progress: Progress
+    last_progress: float | None  # Unix time the daemon saw its completed number change
+    inflight_age: float  # seconds since its oldest uncompleted collective was enqueued
+
+
+@dataclass(frozen=True)
+class RankView:
+    """A rank as of one read: its report, its end and what it does (the ledger moves on)."""
+
+    state: RankState
+    up: bool
+    end: End | None
+    report_age: float
+    doing: Doing  # over the last BUSY_WINDOW seconds
+    groups: Mapping[str, RankProgress]
+
+    @property
+    def rank(self) -> int:
+        return self.state.identity.rank
+
+    @property
+    def alive(self) -> bool:
+        return self.end is None
+
+    def json(self) -> dict[str, Any]:
+        """The rank's entry of /api/v1/ranks."""
+        state, who, health = self.state, self.state.identity, self.state.health
+        return {
+            "rank": who.rank, "local_rank": who.local_rank, "world_size": who.world_size,
+            "pod": who.pod, "namespace": who.namespace, "pid": who.pid, "uuid": who.uuid,
+            "gpu_name": who.gpu_name, "allocator_config": who.allocator_config,
+            "up": self.up,
+            "alive": self.alive,
+            "exit": self.end.json() if self.end else None,
+            "report_age_seconds": round(self.report_age, 3),
+            "reporter": {"errors_total": health.errors_total, "disabled": health.disabled,
+                         "disabled_reason": health.disabled_reason,
+                         "last_error": health.last_error, "fr_api": health.fr_api},
+            "memory": state.memory,
+            "steps": state.steps.steps if state.steps else None,
+            "doing": self.doing.json(),
+            "stack": [f._asdict() for f in state.stack] if state.stack else None,
+            "groups": {
+                pg: {"enqueued": g.progress.enqueued, "started": g.progress.started,
+                     "completed": g.progress.completed, "last_progress": g.last_progress,
+                     "oldest_inflight_age_seconds": round(g.inflight_age, 3)}
+                for pg, g in self.groups.items()},
+        }
+
+
+@dataclass(frozen=True)
+class JobEvidence:
+    """One job's ranks on this node, the verdict on each of its groups, and how it ended."""
+
+    job_id: str
+    ranks: tuple[RankView, ...]
+    groups: tuple[GroupVerdict, ...]
+    end: dict[str, Any] | None  # llmmon.ranks.ending.verdict
+    enqueue_lag: Mapping[str, Mapping[int, float]]  # pg -> rank -> seconds late
+    slowdown: dict[str, Any] | None  # llmmon.ranks.slowdown.verdict
+
+    @property
+    def stalled_groups(self) -> list[str]:
+        return [g.pg for g in self.groups if g.stalled]
+
+    def json(self) -> dict[str, Any]:
+        return {"job_id": self.job_id,
+                "ranks": [r.json() for r in self.ranks],
+                "groups": [g.json() for g in self.groups],
+                "end": self.end,
+                "enqueue_lag": {pg: {str(r): v for r, v in lag.items()}
+                                for pg, lag in self.enqueue_lag.items()},
+                "slowdown": self.slowdown,
+                "stalled_groups": self.stalled_groups}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The hang evidence of every job on this node as of `generated_at`."""
+
+    generated_at: float
+    limits: StallThresholds
+    jobs: tuple[JobEvidence, ...]
+
+    def json(self) -> dict[str, Any]:
+        """The document /api/v1/ranks serves and `llmmon diagnose --ranks` reads."""
+        limits = self.limits
+        return {"generated_at": self.generated_at, "stale_after_seconds": limits.stale_after,
+                "stall_after_seconds": limits.stall_after,
+                "stall_floor_seconds": limits.stall_floor, "stall_factor": limits.stall_factor,
+                "jobs": [job.json() for job in self.jobs]}
+
+
+# Applying the rules -------------------------------------------------------------------------
 
 @dataclass
 class _Job:
@@ -49,6 +380,16 @@ class _Job:
     processes: dict[int, Process | None]
     end: dict[str, Any] | None
 
+    @classmethod
+    def of(cls, job_id: str, tracks: list[RankTrack], watch: PidWatch | None) -> _Job:
+        processes = {_rank(t): None if watch is None else watch.get((job_id, _rank(t), t.pid))
+                     for t in tracks}
+        ends = [e for e in (ending.end_of(t, processes[_rank(t)]) for t in tracks)
+                if e is not None]
+        return cls(tracks, processes, ending.verdict(
+            job_id, [_rank(t) for t in tracks], ends,
+            lambda end: desync.behind_abort(tracks, end)))
+
     def quiet(self, now: float) -> float:
         """Seconds since any of its ranks here enqueued or completed a collective of any
         group: a group used only at start-up is not quiet while another one progresses."""
@@ -57,206 +398,154 @@ class _Job:
         return now - max(noted, default=now)
 
     def doing(self, track: RankTrack, now: float, window: float,
-              limits: StallThresholds) -> culprit.Doing:
-        return culprit.doing(track, self.processes[track.state.identity.rank], now, window,
+              limits: StallThresholds) -> Doing:
+        return culprit.doing(track, self.processes[_rank(track)], now, window,
                              limits.stale_after)
 
+    def end_of(self, track: RankTrack) -> End | None:
+        return ending.end_of(track, self.processes[_rank(track)])
 
-def _rank_json(job: _Job, track: RankTrack, now: float, limits: StallThresholds) -> dict[str, Any]:
-    state, who = track.state, track.state.identity
-    process = job.processes[who.rank]
-    end = ending.end_of(track, process)
-    return {
-        "rank": who.rank, "local_rank": who.local_rank, "world_size": who.world_size,
-        "pod": who.pod, "namespace": who.namespace, "pid": who.pid, "uuid": who.uuid,
-        "gpu_name": who.gpu_name, "allocator_config": who.allocator_config,
-        "up": track.age(now) <= limits.stale_after,
-        "alive": end is None,
-        "exit": end.json() if end else None,
-        "report_age_seconds": round(track.age(now), 3),
-        "reporter": {"errors_total": state.health.errors_total,
-                     "disabled": state.health.disabled,
-                     "disabled_reason": state.health.disabled_reason,
-                     "last_error": state.health.last_error, "fr_api": state.health.fr_api},
-        "memory": state.memory,
-        "steps": state.steps.steps if state.steps else None,
-        "doing": job.doing(track, now, BUSY_WINDOW, limits).json(),
-        "stack": [f._asdict() for f in state.stack] if state.stack else None,
-        "groups": {
-            pg: {"enqueued": p.enqueued, "started": p.started, "completed": p.completed,
-                 "last_progress": track.last_progress(pg),
-                 "oldest_inflight_age_seconds": round(track.inflight_age(pg, now), 3)}
-            for pg, p in sorted(state.progress.items())},
-    }
+    def report_age(self, rank: int, now: float) -> float:
+        return next(t.age(now) for t in self.tracks if _rank(t) == rank)
 
 
-def _group_json(job_id: str, job: _Job, pg: str, now: float, limits: StallThresholds) -> dict[str, Any]:
-    members = [t for t in job.tracks if pg in t.state.progress]
-    progress = {t.state.identity.rank: t.state.progress[pg] for t in members}
-    meta = next((t.groups()[pg] for t in members if pg in t.groups()), None)
-    stale = sorted(t.state.identity.rank for t in members if t.age(now) > limits.stale_after)
-    frozen = {t.state.identity.rank for t in members
-              if job.doing(t, now, 1.0, limits).stopped}
-    # A stale, stopped or vanished rank's last report is old: the others may have completed
-    # more since; the frontier is that of the ranks that still report or said how they ended
-    # (the silent one is behind it).
-    gone = {t.state.identity.rank for t in members
-            if (end := ending.end_of(t, job.processes[t.state.identity.rank])) is not None
-            and end.how == "vanished"}
-    held = frozen | gone | set(stale)
-    fresh = [r for r in progress if r not in held] or list(progress)
-    frontier = min(progress[r].completed for r in fresh) + 1
-    waiting = sorted(r for r, p in progress.items() if p.enqueued >= frontier > p.completed)
-    behind = sorted(r for r, p in progress.items() if p.enqueued < frontier)
-    noted = [n for n in (t.last_progress(pg) for t in members) if n is not None]
-    since = now - max(noted, default=now)
-    created = [t.index.get(pg, {}).get(frontier) for t in members]
-    known = [c for c in created if c is not None]
-    waited = now - min(c.created_ns for c in known) / 1e9 if known else None
-    op = {"seq": frontier, "coll": known[0].coll if known else None,
-          "waiting_seconds": None if waited is None else round(waited, 3)} if waiting else None
-    # How long the group has been stuck: the daemon's own observation, or how long the oldest
-    # outstanding collective has waited (known even right after a daemon restart); but never
-    # longer than since a member last enqueued something: a rank that just caught up (after a
-    # checkpoint) is progress, its collective completes at the next reports.
+def _rank(track: RankTrack) -> int:
+    return track.state.identity.rank
+
+
+def _held(job: _Job, members: list[RankTrack], stale: tuple[int, ...], now: float,
+          limits: StallThresholds) -> set[int]:
+    """Members whose last report is old: stale, stopped (SIGSTOP) or vanished."""
+    frozen = {_rank(t) for t in members if job.doing(t, now, 1.0, limits).stopped}
+    gone = {_rank(t) for t in members
+            if (end := job.end_of(t)) is not None and end.how == "vanished"}
+    return frozen | gone | set(stale)
+
+
+def _inflight(job: _Job, members: list[RankTrack], pg: str, seq: int, last: float | None,
+              now: float) -> tuple[Outstanding, float, dict[str, Any] | None, dict[int, str]]:
+    """The collective `seq` ranks wait in; how long the group is stuck (`stalled_for`); a
+    desync at it; and what each rank issued there, once that is exported (ISSUED_AFTER)."""
+    issued = {_rank(t): entry for t in members
+              if (entry := t.index.get(pg, {}).get(seq)) is not None}
+    waited = now - min(e.created_ns for e in issued.values()) / 1e9 if issued else None
     entered = max((t.last_enqueue(pg) or 0.0 for t in members), default=0.0)
-    stalled_for = min(max(since, waited or 0.0), now - entered) if op else 0.0
-    issued = {t.state.identity.rank: c for t, c in zip(members, created) if c is not None}
-    found = desync.find(frontier, issued, desync.before(members, pg, frontier)) if op else None
-    shown = bool(op) and (stalled_for >= ISSUED_AFTER or job.end is not None)
-    learned = pace.pace(members, pg, limits.stall_floor, limits.stall_after, limits.stall_factor)
-    gap = slowdown.group_pace(members, pg, now)
-    window = max(stalled_for, 1.0)
-    doing = {t.state.identity.rank: job.doing(t, now, window, limits) for t in members}
-    stopped = sorted(r for r, d in doing.items() if d.stopped)
-    busy = sorted(r for r in behind if doing[r].busy) if op else []
-    # Every local member waits for a rank of another node: that node's daemon sees whether it
-    # is hung or busy (a checkpoint); this one calls the group stalled only at the ceiling.
-    remote = bool(op) and not behind and not stopped and not found and bool(
-        meta and meta.size and meta.size > len(progress))
-    # A job whose waiting ranks all stopped reporting is gone, not hung; one whose rank
-    # ended is ended; a busy rank behind, or one on another node, is given until the ceiling.
-    stalled = (bool(op) and job.end is None and stalled_for >= learned.threshold
-               and bool(set(waiting) - set(stale) or stopped)
-               and (not (busy or remote) or stalled_for >= limits.stall_after))
-    # Nothing in flight and the job's ranks here quiet on every group: each is stuck before
-    # its next collective (a one-rank job's loader, a dead file system under every rank), or
-    # frozen.  Peers elsewhere would wait inside the collective and their daemons name these
-    # ranks behind; this daemon says what they do.  Ranks silent and unseen are gone, not hung;
-    # a rank that uses CPU or I/O is working outside collectives (an evaluation), not hung.
-    present = [t.state.identity.rank for t in members
-               if t.state.identity.rank not in stale or doing[t.state.identity.rank].stopped]
-    quiet = job.quiet(now) if not op and job.end is None and present else 0.0
-    idle_busy = sorted(r for r in present if doing[r].busy) if quiet else []
-    if quiet and quiet >= learned.threshold and not idle_busy:
-        stalled = True  # a rank that works (an evaluation, a checkpoint) holds it off for good
-    group = {
-        "job_id": job_id, "pg": pg, "pg_desc": meta.desc if meta else "",
-        "size": meta.size if meta else None,
-        "ranks": group_ranks(meta) if meta else "",
-        "local_ranks": sorted(progress),
-        "enqueued": {str(r): p.enqueued for r, p in sorted(progress.items())},
-        "completed": {str(r): p.completed for r, p in sorted(progress.items())},
-        "last_completed": frontier - 1,
-        "waiting": waiting,
-        "behind": behind if waiting else [],  # nobody waits: a rank behind is just idle
-        "stale": stale,
-        "stopped": stopped,
-        "busy": busy or idle_busy,
-        "remote": remote,
-        "op": op,
-        "issued": {str(r): desync.compared(e) for r, e in sorted(issued.items())} if shown else {},
-        "desync": found,
-        "last_progress": max(noted, default=None),
-        "no_progress_seconds": round(since, 3),
-        "stalled_seconds": round(stalled_for, 3),
-        "quiet_seconds": round(quiet, 3),
-        "quiet_ranks": present if quiet else [],
-        "pace": learned.json(),
-        "gap": gap.json() if gap else None,
-        "stall_threshold_seconds": round(learned.threshold, 3),
-        "stall_ceiling_seconds": limits.stall_after,
-        "stalled": stalled,
-        "doing": {str(r): doing[r].json()
-                  for r in (behind + stopped if op else present if quiet else [])},
-    }
-    group["summary"] = summary(group, progress, {r: d.text(window, _report_age(job, r, now))
-                                                 for r, d in doing.items()}, job.end)
-    return group
+    stuck = stalled_for(now - (now if last is None else last), waited, now - entered)
+    found = desync.find(seq, issued, desync.before(members, pg, seq))
+    first = next(iter(issued.values()), None)
+    op = Outstanding(seq, first.coll if first else None,
+                     None if waited is None else round(waited, 3))
+    shown = stuck >= ISSUED_AFTER or job.end is not None
+    return op, stuck, found, ({r: desync.compared(e) for r, e in sorted(issued.items())}
+                              if shown else {})
 
 
-def _report_age(job: _Job, rank: int, now: float) -> float:
-    return next(t.age(now) for t in job.tracks if t.state.identity.rank == rank)
+@dataclass(frozen=True)
+class _Standing:
+    """Where a group stands before blame is laid: its members here and their positions."""
+
+    members: list[RankTrack]
+    meta: Group | None
+    progress: dict[int, Progress]
+    stale: tuple[int, ...]
+    seq: int  # the frontier
+    last_progress: float | None
+    op: Outstanding | None
+    stuck: float  # stalled_for
+    found: dict[str, Any] | None
+    issued: dict[int, str]
+    doing: dict[int, Doing]  # over `window`: max(stuck, 1 s)
+    window: float
 
 
-def summary(group: dict[str, Any], progress: dict[int, Any], doing: dict[int, str] | None = None,
-            end: dict[str, Any] | None = None) -> str:
-    """One sentence an SRE can act on."""
-    doing = doing or {}
-    head = f"job {group['job_id']}, group {group['pg']}"
-    if group["pg_desc"]:
-        head += f" ({group['pg_desc']})"
-    op = group["op"]
-    found = group.get("desync")
-    if end is not None:
-        return f"{head}: not a hang: {end['summary']}" + (desync.text(found) if found else "")
-    if op is None and group["quiet_seconds"] >= group["stall_threshold_seconds"]:
-        return _quiet_summary(head, group, doing)
-    if op is None:
-        return f"{head}: nothing in flight (last completed #{group['last_completed']})"
-    name = f"{op['coll'] or 'collective'} #{op['seq']}"
-    verb = "wait" if len(group["waiting"]) > 1 else "waits"
-    text = (f"{head}: ranks {spans_text(group['waiting'])} {verb} in {name} for "
-            f"{group['stalled_seconds']:.0f} s")
-    if len(group["waiting"]) == 1:
-        text = text.replace("ranks ", "rank ", 1)
-    if group["behind"]:
-        behind = "; ".join(f"rank {r} never enqueued it (last enqueued "
-                           f"#{progress[r].enqueued})" + (f": {doing[r]}" if doing.get(r) else "")
-                           for r in group["behind"])
-        text += f"; {behind}"
-    elif group["stopped"] or found:
-        pass  # named below
-    elif group["size"] and group["size"] > len(group["local_ranks"]):
-        text += (f"; every rank on this node enqueued it: the rank behind is on another node "
-                 f"(group ranks {group['ranks']})")
-    elif group["stalled"]:
-        text += "; every rank enqueued it and none completes: suspect the GPU or the network"
-    for rank in group["stopped"]:
-        if rank not in group["behind"]:
-            text += f"; rank {rank} {doing.get(rank) or 'is stopped'}".replace(" it is ", " is ", 1)
-    if found:
-        text += desync.text(found)
-    if group["stale"]:
-        text += f"; rank(s) {spans_text(group['stale'])} stopped reporting"
-    if not group["stalled"]:
-        text += (f" (still within the stall window: {group['stall_threshold_seconds']:.0f} s, "
-                 f"{group['pace']['basis']}"
-                 + (f"; busy ranks get {group['stall_ceiling_seconds']:.0f} s"
-                    if group["busy"] else "")
-                 + (f"; a rank behind on another node gets {group['stall_ceiling_seconds']:.0f} s"
-                    " here: its own node's daemon judges it at the learned threshold"
-                    if group["remote"] else "") + ")")
-    return text
+def _standing(job: _Job, pg: str, now: float, limits: StallThresholds) -> _Standing:
+    members = [t for t in job.tracks if pg in t.state.progress]
+    progress = {_rank(t): t.state.progress[pg] for t in members}
+    stale = tuple(sorted(_rank(t) for t in members if t.age(now) > limits.stale_after))
+    seq = frontier(progress, _held(job, members, stale, now, limits))
+    last = max((n for n in (t.last_progress(pg) for t in members) if n is not None),
+               default=None)
+    op, stuck, found, issued = (_inflight(job, members, pg, seq, last, now)
+                                if waiting_ranks(progress, seq) else (None, 0.0, None, {}))
+    window = max(stuck, 1.0)
+    return _Standing(members,
+                     next((t.groups()[pg] for t in members if pg in t.groups()), None),
+                     progress, stale, seq, last, op, stuck, found, issued,
+                     {_rank(t): job.doing(t, now, window, limits) for t in members}, window)
 
 
-def _quiet_summary(head: str, group: dict[str, Any], doing: dict[int, str]) -> str:
-    """A group with nothing in flight whose ranks here have enqueued nothing for too long."""
-    stopped = "stopped or " if group["stopped"] else ""
-    text = (f"{head}: nothing in flight, and no rank here enqueued a collective of any group "
-            f"for {group['quiet_seconds']:.0f} s (last completed #{group['last_completed']}; "
-            f"the job's pace allows {group['stall_threshold_seconds']:.0f} s): every rank here "
-            f"is {stopped}stuck before its next collective")
-    for rank in group["quiet_ranks"]:
-        said = doing.get(rank) or "it is outside any collective"
-        text += f"; rank {rank} {said}".replace(" it is ", " is ", 1)
-    if group["size"] and group["size"] > len(group["local_ranks"]):
-        text += (f" (group ranks {group['ranks']}: a rank of another node that waits inside a "
-                 "collective for these is named by its own daemon, with these behind)")
-    if not group["stalled"]:
-        text += (" (not called stalled while a rank here works: an evaluation or a checkpoint "
-                 "without collectives)")
-    return text
+def _quiet(job: _Job, st: _Standing, now: float) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
+    """With nothing of the group in flight: how long the job's ranks here have been quiet, the
+    ranks that count (still reporting, or stopped: silent and unseen ones are gone, not hung)
+    and those of them that work (outside collectives: an evaluation, not a hang)."""
+    present = tuple(r for r in st.progress if r not in st.stale or st.doing[r].stopped)
+    quiet = job.quiet(now) if st.op is None and job.end is None and present else 0.0
+    if not quiet:
+        return 0.0, (), ()
+    return quiet, present, tuple(r for r in present if st.doing[r].busy)
+
+
+def _verdict(job_id: str, job: _Job, pg: str, now: float,
+             limits: StallThresholds) -> GroupVerdict:
+    """The rules applied to group `pg` of a job: where it stands, then who is to blame."""
+    st = _standing(job, pg, now, limits)
+    waiting, behind = waiting_ranks(st.progress, st.seq), behind_ranks(st.progress, st.seq)
+    stopped = tuple(sorted(r for r, d in st.doing.items() if d.stopped))
+    learned = pace.pace(st.members, pg, limits.stall_floor, limits.stall_after,
+                        limits.stall_factor)
+    busy = tuple(r for r in behind if st.doing[r].busy)
+    remote = st.op is not None and behind_remote(behind, stopped, st.found, st.meta,
+                                                 len(st.progress))
+    quiet, quiet_ranks, idle_busy = _quiet(job, st, now)
+    stalled = st.op is not None and inflight_stalled(
+        st.stuck, learned.threshold, limits.stall_after, excused=bool(busy or remote),
+        live_waiters=bool(set(waiting) - set(st.stale) or stopped), ended=job.end is not None)
+    named = tuple(dict.fromkeys(behind + stopped)) if st.op else quiet_ranks
+    last = st.last_progress
+    return GroupVerdict(
+        job_id=job_id, pg=pg, meta=st.meta, progress=st.progress, frontier=st.seq,
+        waiting=waiting, behind=behind, stale=st.stale, stopped=stopped,
+        busy=busy or idle_busy, remote=remote, outstanding=st.op, issued=st.issued,
+        desync=st.found, last_progress=last,
+        no_progress_seconds=round(now - (now if last is None else last), 3),
+        stalled_seconds=round(st.stuck, 3), quiet_seconds=round(quiet, 3),
+        quiet_ranks=quiet_ranks, pace=learned, gap=slowdown.group_pace(st.members, pg, now),
+        threshold_seconds=round(learned.threshold, 3), ceiling_seconds=limits.stall_after,
+        stalled=stalled or quiet_stalled(quiet, learned.threshold, idle_busy),
+        doing={r: st.doing[r] for r in named},
+        said={r: st.doing[r].text(st.window, job.report_age(r, now)) for r in named},
+        end=job.end)
+
+
+def judge(ledger: Ledger, now: float, limits: StallThresholds, watch: PidWatch | None = None,
+          tcp: TcpWatch | None = None) -> Evidence:
+    """The verdicts on every job the ledger follows (`tcp`: the job's TCP loss, for the cause
+    of an even slowdown)."""
+    jobs = ledger.jobs().items()
+    return Evidence(now, limits, tuple(
+        _job_evidence(ledger, job_id, tracks, now, limits, watch, tcp) for job_id, tracks in jobs))
+
+
+def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: float,
+                  limits: StallThresholds, watch: PidWatch | None,
+                  tcp: TcpWatch | None) -> JobEvidence:
+    job = _Job.of(job_id, tracks, watch)
+    pgs = sorted({pg for t in tracks for pg in t.state.progress})
+    groups = tuple(_verdict(job_id, job, pg, now, limits) for pg in pgs)
+    up = [t for t in tracks if t.age(now) <= limits.stale_after]
+    lags = {pg: lag for pg in pgs
+            if (lag := ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg))}
+    loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
+    ranks = tuple(_rank_view(job, t, now, limits) for t in tracks)
+    slow = None if job.end else slowdown.verdict(job_id, [g.json() for g in groups], lags, loss)
+    return JobEvidence(job_id, ranks, groups, job.end, lags, slow)
+
+
+def _rank_view(job: _Job, track: RankTrack, now: float, limits: StallThresholds) -> RankView:
+    return RankView(track.state, track.age(now) <= limits.stale_after, job.end_of(track),
+                    track.age(now), job.doing(track, now, BUSY_WINDOW, limits),
+                    {pg: RankProgress(p, track.last_progress(pg), track.inflight_age(pg, now))
+                     for pg, p in sorted(track.state.progress.items())})
 
 
 def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
@@ -264,31 +553,5 @@ def evidence(ledger: Ledger, now: float, stale_after: float, stall_after: float,
              stall_factor: float = 5.0, tcp: TcpWatch | None = None) -> dict[str, Any]:
     """The document /api/v1/ranks serves and `llmmon diagnose --ranks` reads (`tcp`: the
     job's TCP loss, for the cause of an even slowdown)."""
-    limits = StallThresholds(stale_after, stall_after, stall_floor, stall_factor)
-    jobs = []
-    for job_id, tracks in ledger.jobs().items():
-        processes = {t.state.identity.rank: None if watch is None else
-                     watch.get((job_id, t.state.identity.rank, t.pid)) for t in tracks}
-        ends = [e for e in (ending.end_of(t, processes[t.state.identity.rank]) for t in tracks)
-                if e is not None]
-        job = _Job(tracks, processes, ending.verdict(
-            job_id, [t.state.identity.rank for t in tracks], ends,
-            lambda end: desync.behind_abort(tracks, end)))
-        pgs = sorted({pg for t in tracks for pg in t.state.progress})
-        groups = [_group_json(job_id, job, pg, now, limits) for pg in pgs]
-        up = [t for t in tracks if t.age(now) <= stale_after]
-        lags = {pg: lag for pg in pgs
-                if (lag := ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg))}
-        loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
-        jobs.append({"job_id": job_id,
-                     "ranks": [_rank_json(job, t, now, limits) for t in tracks],
-                     "groups": groups,
-                     "end": job.end,
-                     "enqueue_lag": {pg: {str(r): v for r, v in lag.items()}
-                                     for pg, lag in lags.items()},
-                     "slowdown": None if job.end else slowdown.verdict(job_id, groups, lags,
-                                                                       loss),
-                     "stalled_groups": [g["pg"] for g in groups if g["stalled"]]})
-    return {"generated_at": now, "stale_after_seconds": stale_after,
-            "stall_after_seconds": stall_after, "stall_floor_seconds": stall_floor,
-            "stall_factor": stall_factor, "jobs": jobs}
+    return judge(ledger, now, StallThresholds(stale_after, stall_after, stall_floor,
+                                              stall_factor), watch, tcp).json()
