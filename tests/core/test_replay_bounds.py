@@ -39,14 +39,22 @@ GOOD = {"format": bundle.FORMAT, "captured_at": 1.7e9, "collectors": {"disk": Tr
     {"captured_at": None}, {"captured_at": "yesterday"}, {"captured_at": True},
     {"collectors": ["disk"]}, {"collectors": {"disk": "yes"}}, {"gpus": -1}, {"gpus": "8"},
 ])
-def test_a_manifest_of_the_wrong_shape_is_a_one_line_refusal(tmp_path: Path, change) -> None:
+def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(tmp_path: Path,
+                                                                   change) -> None:
     manifest = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     archive = _archive(tmp_path / "bad.tar.gz", manifest)
+    (tmp_path / "into").mkdir()
+    with pytest.raises(bundle.CaptureError, match=f"manifest.json {next(iter(change))}"):
+        bundle.unpack(str(archive), tmp_path / "into")
+
+
+def test_serve_refuses_a_bad_manifest_in_one_line(tmp_path: Path) -> None:
+    archive = _archive(tmp_path / "bad.tar.gz", {**GOOD, "captured_at": "yesterday"})
     result = subprocess.run([sys.executable, "-m", "llmmon", "serve", f"--replay={archive}"],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("llmmon serve: ") and result.stderr.count("\n") == 1
-    assert "manifest.json" in result.stderr and "Traceback" not in result.stderr
+    assert "manifest.json captured_at" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_archive_past_the_caps_is_refused_before_anything_is_written(
