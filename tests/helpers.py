@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 from typing import Callable, TypeVar
+
+from llmmon.simulate.exporters import stop_process  # noqa: F401 (the one way tests stop one)
 
 T = TypeVar("T")
 
@@ -31,14 +32,3 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str = "a c
             seen = f"; last seen: {context()}" if context is not None else ""
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
         time.sleep(interval)
-
-
-def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it is still running after `timeout` s; reaped either way."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)

@@ -13,7 +13,7 @@ set -u
 cd "$(dirname "$0")/../../.."
 : "${OUT:?set OUT to the folder for results}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/exporter:$PWD/reporter:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
