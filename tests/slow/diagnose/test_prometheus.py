@@ -57,6 +57,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         prometheus.wait('count_over_time(up{node="node-a"}[1m]) >= 5')
         # llmmon.recording.trends runs once a minute, first at an offset Prometheus picks
         prometheus.wait("node_device_port:llmmon_rdma_loss_events:rate5m", timeout=180)
+        # and llmmon.recording.jobs has recorded MFU: its first evaluation can come before
+        # the rates it divides have two samples (seen under a CPU hog); the next is a minute on
+        prometheus.wait("job_id:llmmon_training_mfu:ratio", timeout=180)
         yield {"prometheus": prometheus, "node-a": servers["node-a"].url}
     finally:
         if prometheus is not None:

@@ -106,11 +106,13 @@ def test_the_reporter_distribution_installs_and_reports_where_only_torch_is(
     shutil.copytree(ROOT / "reporter", source, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    # pip without this checkout on PYTHONPATH: there it would find the editable install's
+    # metadata beside reporter/ and call the reporter installed in the venv already.
     subprocess.run(pip + ["wheel", "-q", "--no-deps", "-w", str(wheels), str(source)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=clean_env())
     (wheel,) = wheels.glob("llmmon_reporter-*.whl")
     subprocess.run(pip + ["--python", str(torch_only), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=clean_env())
     spool = tmp_path / "spool"
     spool.mkdir()
     probe = """
