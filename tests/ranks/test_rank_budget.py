@@ -54,7 +54,7 @@ def test_ranks_seen_alive_take_the_places_of_fake_ranks_that_came_first(tmp_path
 
 def test_one_users_spool_files_never_take_every_place(tmp_path: Path) -> None:
     """Without any process to see (no hostPID), the owner's budget alone keeps room: 64 fake
-    ranks of another user take 32 places, and a job of the training user still gets in."""
+    ranks of another user take 48 places, and a job of the training user still gets in."""
     spool = tmp_path / "spool"
     for job in ("aaa-fake", "aab-fake"):
         for rank in range(32):
@@ -65,11 +65,10 @@ def test_one_users_spool_files_never_take_every_place(tmp_path: Path) -> None:
     for rank in range(4):  # the training user's (root's here), a process not visible
         hostile.write(spool, "zzz-real", layout.state_name(rank, 5000 + rank),
                       hostile.state("zzz-real", rank, 5000 + rank, world=4))
-    collector = make_collector(spool, tmp_path, max_ranks=64, max_ranks_per_job=32,
-                              max_ranks_per_uid=32)
+    collector = make_collector(spool, tmp_path)  # the defaults: 64, 32 a job, 48 a user
     samples = scrape(collector)[0]
     jobs = _jobs(collector)
     assert jobs["zzz-real"] == [0, 1, 2, 3]
-    assert sum(len(jobs[j]) for j in ("aaa-fake", "aab-fake") if j in jobs) == 32
+    assert sum(len(jobs[j]) for j in ("aaa-fake", "aab-fake") if j in jobs) == 48
     assert series(samples, "llmmon_ranks_spool_rejected_total", reason="too_many_ranks") == {
-        (("reason", "too_many_ranks"),): 32}
+        (("reason", "too_many_ranks"),): 16}

@@ -305,9 +305,10 @@ class RanksCollector(Collector):
                minimum=1, maximum=10_000),
         Option("max_ranks_per_job", "int", 32, "Ranks of one job followed at most.",
                minimum=1, maximum=10_000),
-        Option("max_ranks_per_uid", "int", 32,
-               "Ranks followed at most whose spool files one user owns: another local user's "
-               "files never take every place.", minimum=1, maximum=10_000),
+        Option("max_ranks_per_uid", "int", 48,
+               "Ranks followed at most whose spool files one user owns: one local user's files "
+               "never take every place (above max_ranks_per_job: the jobs of pods that all "
+               "run as root share it).", minimum=1, maximum=10_000),
     )
     interval = 5.0
     timeout = 4.0
