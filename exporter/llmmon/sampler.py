@@ -68,8 +68,13 @@ RESTARTS = MetricSpec(
     "llmmon_exporter_collector_process_restarts_total", "counter",
     "Times `llmmon serve` started its collector process again since it started: the process "
     "died, was killed, or grew past --sampler.max-rss-mib (the log says which).")
+WEB_REFUSED = MetricSpec(
+    "llmmon_exporter_web_config_reloads_refused_total", "counter",
+    "Changes of --web.config.file not applied because they would turn TLS or basic "
+    "authentication off (the last good config stays; turning them off takes a restart). "
+    "Exported only with a web config.")
 SPECS = (SUCCESS, DURATION, ERRORS, LAST_SUCCESS, WATCHED, BUILD, SERIES, SERIES_TOTAL, BUDGET,
-         OVER_BUDGET, RESTARTS)
+         OVER_BUDGET, RESTARTS, WEB_REFUSED)
 
 @dataclass
 class CollectorState:
@@ -160,6 +165,7 @@ class Sampler:
         self.max_staleness = max_staleness
         self.series_budget = series_budget
         self.restarts = restarts  # of the collector process this sampler runs in, if any
+        self.web_refused: int | None = None  # told by the server when it has a web config
         self._over_budget = False
         self.states = {
             c.name: CollectorState(c.name, c.config["interval"], c.config["timeout"])
@@ -371,6 +377,8 @@ class Sampler:
         families.add(BUDGET, [], self.series_budget)
         if self.restarts is not None:
             families.add(RESTARTS, [], self.restarts)
+        if self.web_refused is not None:
+            families.add(WEB_REFUSED, [], self.web_refused)
         # The total counts itself and the exceeded gauge, added below.
         total = (sum(s.series for s in self.states.values())
                  + sum(len(f.samples) for f in families) + 2)
@@ -401,6 +409,12 @@ class Sampler:
         with self._changed:
             self._changed.wait_for(lambda: self._generation != generation, timeout)
             return self._generation
+
+    def set_web_refused(self, count: int) -> None:
+        """The server's count of refused web config reloads (it holds the web config)."""
+        with self._lock:
+            self.web_refused = count
+        self._render_self()
 
     def set_formats(self, formats: frozenset[str]) -> None:
         """Render runs in these formats from now on (the ones scraped); a format dropped is

@@ -3,6 +3,7 @@ not keep a real job out once its processes are seen alive."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from llmmon.sources import procstat
 from llmmon.sources.fs import RootedFS
 from llmmon_reporter import layout
 from tests.ranks import hostile
-from tests.ranks.jobs import make_collector, scrape
+from tests.ranks.jobs import make_collector, scrape, series
 
 
 def _jobs(collector) -> dict[str, list[int]]:
@@ -25,7 +26,8 @@ def test_ranks_seen_alive_take_the_places_of_fake_ranks_that_came_first(tmp_path
             pid = 4_000_000 + 100 * len(job) + rank
             hostile.write(spool, job, layout.state_name(rank, pid),
                           hostile.state(job, rank, pid, world=32, start_ticks=12345))
-    collector = make_collector(spool, tmp_path, max_ranks=64, max_ranks_per_job=32)
+    collector = make_collector(spool, tmp_path, max_ranks=64, max_ranks_per_job=32,
+                               max_ranks_per_uid=64)  # one user here: the liveness rule alone
     scrape(collector)
     assert sorted(_jobs(collector)) == ["aaa-fake", "aab-fake"]
     workers = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
@@ -48,3 +50,25 @@ def test_ranks_seen_alive_take_the_places_of_fake_ranks_that_came_first(tmp_path
         for worker in workers:
             worker.kill()
             worker.wait()
+
+
+def test_one_users_spool_files_never_take_every_place(tmp_path: Path) -> None:
+    """Without any process to see (no hostPID), the owner's budget alone keeps room: 64 fake
+    ranks of another user take 48 places, and a job of the training user still gets in."""
+    spool = tmp_path / "spool"
+    for job in ("aaa-fake", "aab-fake"):
+        for rank in range(32):
+            pid = 4_000_000 + 100 * len(job) + rank
+            path = hostile.write(spool, job, layout.state_name(rank, pid),
+                                 hostile.state(job, rank, pid, world=32))
+            os.chown(path, 65534, 65534)  # nobody's files
+    for rank in range(4):  # the training user's (root's here), a process not visible
+        hostile.write(spool, "zzz-real", layout.state_name(rank, 5000 + rank),
+                      hostile.state("zzz-real", rank, 5000 + rank, world=4))
+    collector = make_collector(spool, tmp_path)  # the defaults: 64, 32 a job, 48 a user
+    samples = scrape(collector)[0]
+    jobs = _jobs(collector)
+    assert jobs["zzz-real"] == [0, 1, 2, 3]
+    assert sum(len(jobs[j]) for j in ("aaa-fake", "aab-fake") if j in jobs) == 48
+    assert series(samples, "llmmon_ranks_spool_rejected_total", reason="too_many_ranks") == {
+        (("reason", "too_many_ranks"),): 16}

@@ -305,6 +305,10 @@ class RanksCollector(Collector):
                minimum=1, maximum=10_000),
         Option("max_ranks_per_job", "int", 32, "Ranks of one job followed at most.",
                minimum=1, maximum=10_000),
+        Option("max_ranks_per_uid", "int", 48,
+               "Ranks followed at most whose spool files one user owns: one local user's files "
+               "never take every place (above max_ranks_per_job: the jobs of pods that all "
+               "run as root share it).", minimum=1, maximum=10_000),
     )
     interval = 5.0
     timeout = 4.0
@@ -313,7 +317,7 @@ class RanksCollector(Collector):
         super().__init__(env, config)
         self.clock = DaemonClock()  # stall ages, staleness and sweeps: immune to clock steps
         self.ledger = Ledger(config["max_ranks"], config["max_ranks_per_job"],
-                             seen_alive(env.procfs))
+                             seen_alive(env.procfs), config["max_ranks_per_uid"])
         self.source = SpoolSource(config["spool_dir"], config["max_file_bytes"],
                                   config["max_files"], config["max_files_per_job"])
         self.ingest = SpoolIngest(self.source, self.ledger, config["stale_after"],

@@ -116,12 +116,13 @@ class SpoolIngest:
         logs = {(f.job_dir, f.rank, f.pid): f for f in scan.files if f.kind == "log"}
         current = self._current(states, now, result)
         for spool_file, state in current:
-            if not self.ledger.observe_state(state, self.written(spool_file.path,
-                                                                 spool_file.mtime), now):
+            written = self.written(spool_file.path, spool_file.mtime)
+            if not self.ledger.observe_state(state, written, now, spool_file.uid):
                 self._problem(result, "too_many_ranks", spool_file.path,
                               f"{spool_file.path}: more than {self.ledger.max_ranks} ranks, "
-                              f"or {self.ledger.max_ranks_per_job} of job "
-                              f"{spool_file.job_dir}; skipped", spool_file.stamp)
+                              f"{self.ledger.max_ranks_per_job} of job {spool_file.job_dir} "
+                              f"or {self.ledger.max_ranks_per_uid} of uid {spool_file.uid}; "
+                              "skipped", spool_file.stamp)
                 continue
             key = (spool_file.job_dir, spool_file.rank, spool_file.pid)
             if key in entries:

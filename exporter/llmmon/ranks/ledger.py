@@ -80,7 +80,8 @@ class Enqueued:
 @dataclass
 class RankTrack:
     state: RankState
-    mtime: float  # when the reporter last wrote (file mtime: the daemon's clock)
+    mtime: float  # when the reporter last wrote (file mtime, on the collector's clock)
+    uid: int = -1  # the owner of its spool file: whose budget of ranks it counts in
     progress_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
     enqueue_noted: dict[str, tuple[int, float]] = field(default_factory=dict)
     index: dict[str, dict[int, Enqueued]] = field(default_factory=dict)  # pg -> seq -> ...
@@ -260,25 +261,30 @@ Alive = Callable[[int, int], bool]
 
 class Ledger:
     def __init__(self, max_ranks: int, max_ranks_per_job: int,
-                 alive: Alive | None = None) -> None:
+                 alive: Alive | None = None, max_ranks_per_uid: int | None = None) -> None:
         self.max_ranks = max_ranks
         self.max_ranks_per_job = max_ranks_per_job
+        self.max_ranks_per_uid = max_ranks if max_ranks_per_uid is None else max_ranks_per_uid
         self.alive = alive
         self.tracks: dict[RankKey, RankTrack] = {}
         self.cut: Counter[str] = Counter()  # reason -> samples left out to bound memory
         self._new_groups: dict[str, deque[float]] = {}  # job -> when each new name came
 
-    def _admit(self, key: RankKey, state: RankState) -> bool:
-        """Room for a new rank: within the budgets, or in the place of a rank whose process
-        is not seen alive (the oldest report first) when this one's is: spool files that
-        any local user can write must not keep a real job out by coming first."""
+    def _admit(self, key: RankKey, state: RankState, uid: int) -> bool:
+        """Room for a new rank: within the budgets (all ranks, its job's, its file owner's),
+        or in the place of a rank whose process is not seen alive (the oldest report first,
+        within the budget that is spent) when this one's is: spool files that any local user
+        can write must not keep a real job out by coming first."""
         job_full = sum(job == key[0] for job, _ in self.tracks) >= self.max_ranks_per_job
-        if len(self.tracks) < self.max_ranks and not job_full:
+        uid_full = uid >= 0 and sum(t.uid == uid for t in self.tracks.values()) \
+            >= self.max_ranks_per_uid
+        if len(self.tracks) < self.max_ranks and not job_full and not uid_full:
             return True
         who = state.identity
         if self.alive is None or not self.alive(who.pid, who.start_ticks):
             return False
-        scope = [(k, t) for k, t in self.tracks.items() if not job_full or k[0] == key[0]]
+        scope = [(k, t) for k, t in self.tracks.items()
+                 if (not job_full or k[0] == key[0]) and (not uid_full or t.uid == uid)]
         dead = [(t.mtime, k) for k, t in scope
                 if not self.alive(t.pid, t.state.identity.start_ticks)]
         if not dead:
@@ -314,14 +320,15 @@ class Ledger:
             groups={pg: g for pg, g in state.groups.items() if pg not in refused},
             inflight=inflight)
 
-    def observe_state(self, state: RankState, mtime: float, now: float) -> bool:
-        """Take a rank's newest state; False when the rank budget (all, or its job's) is
-        spent.  The in-flight dump is indexed, not kept."""
+    def observe_state(self, state: RankState, mtime: float, now: float, uid: int = -1) -> bool:
+        """Take a rank's newest state (`uid`: its file's owner, -1 unknown); False when the
+        rank budget (all, its job's or its owner's) is spent.  The in-flight dump is indexed,
+        not kept."""
         state = self._within_group_budget(failure.failed_in(state))
         key = (state.identity.job_id, state.identity.rank)
         track = self.tracks.get(key)
         if track is None or track.pid != state.identity.pid:
-            if track is None and not self._admit(key, state):
+            if track is None and not self._admit(key, state, uid):
                 return False
             # A new process for this rank: its record ids and sequences start over, but the
             # daemon's own byte and duration counters carry on (they never go backwards).
@@ -332,6 +339,7 @@ class Ledger:
                                                            previous.bus_bytes)
                 track.durations = previous.durations
         track.state, track.mtime = dataclasses.replace(state, inflight=None), mtime
+        track.uid = uid
         track.note_progress(now)
         for pg, group in state.progress.items():
             seen = track.enqueues.setdefault(pg, deque(maxlen=MAX_ENQUEUES))

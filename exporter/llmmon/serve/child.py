@@ -65,6 +65,9 @@ def main(fd: int) -> int:
             if message[0] == "formats":  # the formats scraped lately (llmmon.serve.supervisor)
                 daemon.sampler.set_formats(frozenset(message[1]))
                 continue
+            if message[0] == "web_refused":  # the server's refused web config reloads
+                daemon.sampler.set_web_refused(message[1])
+                continue
             threading.Thread(target=_answer, args=(routes, send, *message[1:]),
                              name="call", daemon=True).start()
     except (EOFError, OSError):

@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
         if settings["web.config_file"]:
             web = WebConfig.load(settings["web.config_file"])
         fds = httpserver.raise_fd_limit()  # before the collector process inherits the limit
-        supervisor = Supervisor(settings)
+        supervisor = Supervisor(settings, None if web is None else lambda: web.refused_reloads)
         cleanup.callback(supervisor.stop)
         supervisor.start()  # the collector process: builds the collectors, or says why not
     except (ConfigError, ValueError) as exc:

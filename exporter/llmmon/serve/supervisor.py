@@ -43,8 +43,13 @@ MALLOC_ARENAS = "2"
 
 
 class Supervisor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings,
+                 web_refused: Callable[[], int] | None = None) -> None:
+        """`web_refused`: the web config's count of refused reloads, which the child exports
+        (this process holds the web config; the child renders the exposition)."""
         self.settings = settings
+        self.web_refused = web_refused
+        self._told_refused: int | None = None  # what the child was last told of it
         self.max_rss = settings["sampler.max_rss_mib"] * 2**20
         self.restarts = 0
         self.process: subprocess.Popen[bytes] | None = None
@@ -112,6 +117,7 @@ class Supervisor:
         self._conn = conn = Connection(ours.detach())
         with self._lock:
             self._told = FORMATS
+            self._told_refused = None
         conn.send((self.settings, self.restarts))
         try:
             return conn.recv()
@@ -192,6 +198,19 @@ class Supervisor:
             self._conn = None
 
     # serving -------------------------------------------------------------------------
+    def _tell_refused(self) -> None:
+        """Tell the child the web config's refused reloads, if they changed."""
+        count = self.web_refused() if self.web_refused is not None else None
+        with self._lock:
+            conn = self._conn
+            if count is None or count == self._told_refused or conn is None:
+                return
+            self._told_refused = count
+        try:
+            self._send(conn, ("web_refused", count))
+        except OSError:  # it died; the next one is told again
+            pass
+
     def _tell(self) -> None:
         """Tell the child the formats scraped within --sampler.format-idle, if they changed."""
         now = time.monotonic()
@@ -234,6 +253,7 @@ class Supervisor:
             cached = self._bodies.get(key)
         if not told:
             self._tell()
+        self._tell_refused()
         stale = self._down_since is not None
         if cached is not None and cached[0] == generation and not stale:
             return cached[1]

@@ -45,6 +45,7 @@ class SpoolFile:
     kind: str  # "state", "entries" (the whole ring) or "log" (the entries log)
     path: str
     stamp: Stamp
+    uid: int = -1  # the file's owner: whose budget of ranks it draws on
 
     @property
     def mtime(self) -> float:
@@ -154,7 +155,7 @@ class SpoolSource:
         else:
             kind = KINDS[match.group(3)]
             return SpoolFile(job, int(match.group(1)), int(match.group(2)), kind, entry.path,
-                             _stamp(st))
+                             _stamp(st), st.st_uid)
         return None
 
     def read(self, spool_file: SpoolFile) -> tuple[bytes, Stamp]:

@@ -12,6 +12,7 @@ import httpx
 import yaml
 
 from tests.deploy.deploy_helpers import write
+from tests.helpers import wait_for
 from tests.slow.deploy.test_webconfig import tls
 
 PASSWORD = "s3cret-scrape"
@@ -36,6 +37,8 @@ def test_a_reload_that_would_turn_authentication_off_is_refused(tmp_path, web_se
         assert httpx.get(url, timeout=5).status_code == 401  # the request reloads the file
         assert httpx.get(url, auth=("prometheus", PASSWORD), timeout=5).status_code == 200
     _wait_logged(tmp_path, exporter, "would turn basic authentication off")
+    wait_for(lambda: "llmmon_exporter_web_config_reloads_refused_total 3.0" in httpx.get(
+        url, auth=("prometheus", PASSWORD), timeout=5).text, 30, "the refusals counted")
 
 
 def test_a_reload_that_would_turn_tls_off_is_refused(tmp_path, certs, web_serve):
