@@ -1,6 +1,6 @@
 """Fault-injection benchmark: which rank hung or slowed, why, and how fast each source said so.
 
-    PYTHONPATH=exporter:reporter python -m bench.faults.run                 # every class, 30-minute healthy run
+    PYTHONPATH=exporter:reporter python -m bench.faults.run    # every class, 30-minute healthy run
     PYTHONPATH=exporter:reporter python -m bench.faults.run --classes loader,sigstop --healthy 120
 
 Runs real torchrun/gloo jobs under `llmmon launch` over two simulated nodes (bench/faults/

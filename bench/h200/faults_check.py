@@ -1,7 +1,7 @@
 """The fault benchmark's one-node GPU variant: what one GPU's ranks can show (docs/faults.md).
 
-    PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT [--window 120]   # on the H200
-    PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT --dry-run        # CPU, gloo only
+    PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT [--window 120]  # H200
+    PYTHONPATH=exporter:reporter:. python3 -m bench.h200.faults_check OUT --dry-run  # CPU, gloo
 
 One `llmmon serve` at its defaults and seven jobs at once under `llmmon launch` (torchrun
 --standalone), every rank's "compute" bf16 matrix products on cuda:0 (bench/faults/trainer.py

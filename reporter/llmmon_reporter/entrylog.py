@@ -52,7 +52,8 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-Read = Callable[[timeslice.Keep], Mapping[str, Any]]  # a ring read keeping what `keep` makes of each
+# a ring read keeping what `keep` makes of each
+Read = Callable[[timeslice.Keep], Mapping[str, Any]]
 
 
 def of(ring: Mapping[str, Any]) -> Read:

@@ -115,7 +115,8 @@ async def _ok(scope: dict, receive: Callable, send: Callable) -> None:
 
 
 @contextlib.contextmanager
-def _serving(stop: Callable[[httpserver.HTTPServer], None] = lambda s: setattr(s, "should_exit", True)
+def _serving(stop: Callable[[httpserver.HTTPServer], None]
+             = lambda s: setattr(s, "should_exit", True)
              ) -> Iterator[tuple[httpserver.HTTPServer, str]]:
     """llmmon's own server and Listener, in a thread, with a minimal ASGI app; `stop` ends it."""
     limits = httpserver.ConnectionLimits(max_connections=4, read_timeout=10.0, idle_timeout=10.0,

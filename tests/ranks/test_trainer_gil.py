@@ -93,7 +93,8 @@ def test_a_ring_that_turned_over_ships_its_newest_records_and_decodes_no_more() 
     assert [json.loads(k)["record_id"] for k in kept[1:]] == list(range(11_500, 12_000))
     # the newest shipped (10,900) still in the ring: the first record was not kept, none drops
     selection = entrylog._Selection(10_900)
-    kept = timeslice.decode(blob, timeslice.TimeSlice(), keep=selection, seek=selection.seek)["entries"]
+    kept = timeslice.decode(blob, timeslice.TimeSlice(), keep=selection,
+                            seek=selection.seek)["entries"]
     assert not selection.drop_first and selection.cut == 11_500
     assert [json.loads(k)["record_id"] for k in kept] == list(range(11_500, 12_000))
 

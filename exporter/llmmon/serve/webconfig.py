@@ -101,9 +101,10 @@ CONCURRENT_CHECKS = max(1, (os.cpu_count() or 2) // 2)
 PENDING_CHECKS = 16
 # A refused request (401, 503) is answered this long after it arrived, whatever the user and
 # whatever its bcrypt check cost (a user whose hash has a higher cost is not told apart from a
-# name that does not exist), the connection held at the cost of a sleeping coroutine: a client guessing passwords in a loop then makes one guess a second
-# instead of as many as the event loop can refuse, and the loop stays free for the scraper
-# (200 such clients without it kept a matched scrape waiting 1.3 s at p99).
+# name that does not exist), the connection held at the cost of a sleeping coroutine: a client
+# guessing passwords in a loop then makes one guess a second instead of as many as the event
+# loop can refuse, and the loop stays free for the scraper (200 such clients without it kept a
+# matched scrape waiting 1.3 s at p99).
 REFUSED_DELAY = 1.0
 
 
