@@ -52,7 +52,7 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-# a ring read keeping what `keep` makes of each
+# A ring read, keeping what `keep` makes of each entry.
 Read = Callable[[timeslice.Keep], Mapping[str, Any]]
 
 
