@@ -24,6 +24,7 @@ from llmmon.diagnose.tree import evaluate
 from llmmon.diagnose.window import LocalView, Window
 from tests.conftest import FIXTURES, ServeProcess
 from tests.diagnose.node import Node, check, touch_tree
+from tests.helpers import wait_for
 from tests.slow.diagnose.prometheus import CLUSTER, Prometheus
 
 GPUS = (0, 2, 3, 5)
@@ -57,9 +58,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         prometheus.wait('count_over_time(up{node="node-a"}[1m]) >= 5')
         # llmmon.recording.trends runs once a minute, first at an offset Prometheus picks
         prometheus.wait("node_device_port:llmmon_rdma_loss_events:rate5m", timeout=180)
-        # and llmmon.recording.jobs has recorded MFU: its first evaluation can come before
-        # the rates it divides have two samples (seen under a CPU hog); the next is a minute on
-        prometheus.wait("job_id:llmmon_training_mfu:ratio", timeout=180)
         yield {"prometheus": prometheus, "node-a": servers["node-a"].url}
     finally:
         if prometheus is not None:
@@ -105,9 +103,27 @@ def _series(samples) -> dict[frozenset, float]:
             for s in samples}
 
 
+# Ratios of two rates are empty while the fixture's counters stand still (x / 0).
+EMPTY_RECORDS = {
+    "job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m",
+    "job_id_rank_pg:llmmon_nccl_collective_duration_seconds:mean10m",
+    "job_id_rank:llmmon_nccl_straggler_score:ratio",
+    "node_device:llmmon_disk_read_latency_seconds:rate1m"}
+
+
 def test_recording_rules_match_their_local_computation(cluster) -> None:
+    url = cluster["prometheus"].url
+
+    def without_data() -> list[str]:  # a view caches its answers: a new one each time
+        view = PrometheusView(url)
+        return [r for r in RULES if r not in EMPTY_RECORDS and not view.query(r)]
+
+    # The recording groups run once a minute, each at its own offset, and a rate needs two
+    # samples: wait until every record that is not empty by design holds series.
+    wait_for(lambda: not without_data(), 240, "every recording rule evaluated with data",
+             context=without_data)
+    remote = PrometheusView(url)
     local = _local(cluster["node-a"])
-    remote = PrometheusView(cluster["prometheus"].url)
     with_data = set()
     for record in RULES:
         mine = _series(local.rule(record) or [])
@@ -118,12 +134,7 @@ def test_recording_rules_match_their_local_computation(cluster) -> None:
             assert math.isclose(mine[labels], value, rel_tol=1e-9, abs_tol=1e-9), (record, labels)
         if theirs:
             with_data.add(record)
-    # Ratios of two rates are empty while the fixture's counters stand still (x / 0).
-    assert set(RULES) - with_data == {
-        "job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m",
-        "job_id_rank_pg:llmmon_nccl_collective_duration_seconds:mean10m",
-        "job_id_rank:llmmon_nccl_straggler_score:ratio",
-        "node_device:llmmon_disk_read_latency_seconds:rate1m"}
+    assert set(RULES) - with_data == EMPTY_RECORDS
 
 
 def _suspects_on(report: dict[str, Any], node: str | None) -> dict[str, set[frozenset]]:
