@@ -108,11 +108,12 @@ class ServeProcess:
         raise AssertionError(f"llmmon serve not ready after {timeout}s:\n{self.log()}")
 
     def wait_collected(self, timeout: float = 60.0) -> list[dict]:
-        """Wait until no collector is still pending its first run; returns their states."""
+        """Wait until no collector is still pending its first run; returns their states. The list
+        is empty until the collector process has reported once, so empty is not done."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = requests.get(self.url + "/api/v1/collectors", timeout=2).json()["collectors"]
-            if all(s["status"] != "pending" for s in states):
+            if states and all(s["status"] != "pending" for s in states):
                 return states
             time.sleep(0.05)
         raise AssertionError(f"collectors still pending after {timeout}s: {states}")
