@@ -32,9 +32,11 @@ def final(progress: Progress, active: bytes) -> dict[str, int]:
     after the status) after `completed`, else its last enqueued."""
     unfinished: dict[str, list[int]] = {}
     for entry in json.loads(active).get("entries") or ():
-        group = entry.get("process_group")
-        if not entry.get("is_p2p") and isinstance(group, list) and group:
-            unfinished.setdefault(str(group[0]), []).append(entry.get("collective_seq_id", -1))
+        # pg_status is keyed by the group's id in this process, as each record's pg_id is (its
+        # process_group names the group job-wide: llmmon_reporter.groupids)
+        if not entry.get("is_p2p") and type(entry.get("pg_id")) is int:
+            unfinished.setdefault(str(entry["pg_id"]), []).append(
+                entry.get("collective_seq_id", -1))
     done: dict[str, int] = {}
     for pg, (enqueued, completed) in progress.items():
         if 0 < enqueued - completed <= MAX_SETTLED:

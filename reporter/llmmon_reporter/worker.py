@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import activity, entrylog, exitstatus, flight, identity, layout, native, \
-    spoolfile
+from llmmon_reporter import activity, entrylog, exitstatus, flight, groupids, identity, layout, \
+    native, spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.timeslice import TimeSlice
 from llmmon_reporter.settle import Settled
@@ -87,6 +87,7 @@ class _Session:
         self.log = entrylog.EntryLog(self.dir, layout.log_name(rank, self.pid), self.identity)
         self.device: int | None = None
         self.pgs: dict[str, dict[str, Any]] = {}
+        self.pg_ids = groupids.GroupIds()
         self._pg_count = -1
         dump_prefix = (env.get("TORCH_FR_DUMP_TEMP_FILE")
                        or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
@@ -198,6 +199,7 @@ class Reporter:
         """The records not yet final, read after `progress`; settles the gloo groups they
         show done."""
         self._inflight = session.flight.active()
+        session.pg_ids.learn(json.loads(self._inflight).get("entries") or ())
         if not session.nccl:  # NCCL's watchdog completes a group's work in order
             self._settled.observe(progress, self._inflight)
 
@@ -297,6 +299,8 @@ class Reporter:
         session.refresh()
         status = session.flight.status()
         progress = self._settled.apply(_progress(status))
+        if session.pg_ids.unknown(progress):
+            session.pg_ids.learn(session.flight.ring(groupids.pair).get("entries") or ())
         stuck = any(enqueued > completed and self._previous.get(pg, (0, -1))[1] == completed
                     for pg, (enqueued, completed) in progress.items())
         # Nothing of ours completed since the last tick (waiting, or behind its peers): what
@@ -350,6 +354,7 @@ class Reporter:
                             "entries": self.cadence.entries},
             },
             "pgs": session.pgs,
+            "pg_ids": session.pg_ids.names,
             "settled": self._settled.seqs,
             "memory": memory,
             "step": self.steps.snapshot(),

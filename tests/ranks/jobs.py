@@ -48,6 +48,7 @@ class Job:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     rank_env: dict[int, dict[str, str]] = field(default_factory=dict)  # a rank's own additions
+    script: Path = TRAINER
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -60,7 +61,7 @@ class Job:
         for rank in range(self.world):
             log = open(self.tmp / f"rank_{rank}.log", "wb")
             self.procs.append(subprocess.Popen(
-                [sys.executable, str(TRAINER), "--rank", str(rank), "--world", str(self.world),
+                [sys.executable, str(self.script), "--rank", str(rank), "--world", str(self.world),
                  "--port", str(port), "--out", str(self.out), *self.args],
                 env={**self.env, **self.rank_env.get(rank, {})}, stdout=log,
                 stderr=subprocess.STDOUT, cwd=self.tmp))

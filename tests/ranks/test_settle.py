@@ -13,10 +13,12 @@ import json
 from llmmon_reporter.settle import Settled
 
 
-def ring(*seqs: int, pg: str = "0") -> bytes:
-    """The reporter's `active` read: unfinished records of group `pg`, as the ring holds them."""
+def ring(*seqs: int, pg: str = "0", name: str | None = None) -> bytes:
+    """The reporter's `active` read: unfinished records of the group whose id in this process
+    is `pg` (named `name`, by default the same), as the ring holds them."""
     return json.dumps({"entries": [
-        {"process_group": [pg, "default_pg"], "collective_seq_id": s, "is_p2p": False,
+        {"pg_id": int(pg), "process_group": [name or pg, "default_pg"],
+         "collective_seq_id": s, "is_p2p": False,
          "profiling_name": "gloo:all_reduce", "state": "scheduled"} for s in seqs]}).encode()
 
 
@@ -68,3 +70,13 @@ def test_a_group_stuck_in_its_next_collective_is_settled_up_to_the_one_before() 
     for _ in range(2):
         settled.observe({"0": (124, 119)}, ring(121, 123))
     assert settled.apply({"0": (124, 119)}) == {"0": (124, 120)}  # up to its oldest unfinished
+
+
+def test_records_are_matched_to_pg_status_by_the_group_id_not_its_name() -> None:
+    """On a mesh the tp group is id 2 in this process and named "3" job-wide; its record in
+    flight must hold the group unsettled (looked up by name under the id, none was found and
+    the wait was completed away)."""
+    settled = Settled()
+    for _ in range(3):
+        settled.observe({"2": (1111, 1110), "3": (40, 40)}, ring(1111, pg="2", name="3"))
+    assert settled.apply({"2": (1111, 1110)}) == {"2": (1111, 1110)} and settled.seqs == {}

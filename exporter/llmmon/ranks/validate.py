@@ -372,6 +372,50 @@ def _config_groups(raw: Any, notes: Notes) -> dict[str, Group]:
     return groups
 
 
+def _pg_ids(raw: Any, notes: Notes) -> dict[str, str] | None:
+    """The reporter's map of Flight Recorder group ids to group names (None: a reporter that
+    ships none, whose progress stays keyed as torch wrote it)."""
+    if raw is None:
+        return None
+    names, listed = {}, _obj(raw, "pg_ids")
+    for pg_id, name in list(listed.items())[:MAX_PGS]:
+        names[str(_int(pg_id, "pg_ids key", 0, MAX_SEQ))] = label(name, "pg", notes)
+    if len(listed) > MAX_PGS:
+        notes.cut["groups"] += len(listed) - MAX_PGS
+    return names
+
+
+def _entry_pg_ids(items: list[Any], notes: Notes) -> dict[str, str]:
+    """Group id -> name as the records of a dump pair them (each carries both)."""
+    names: dict[str, str] = {}
+    for item in items:
+        group = item.get("process_group") if isinstance(item, dict) else None
+        pg_id = item.get("pg_id") if isinstance(item, dict) else None
+        if type(pg_id) is int and isinstance(group, list) and group \
+                and isinstance(group[0], str) and str(pg_id) not in names \
+                and len(names) < MAX_PGS:
+            names[str(pg_id)] = label(group[0], "pg", notes)
+    return names
+
+
+def _named(by_id: dict[str, Any], names: dict[str, str] | None,
+           notes: Notes | None) -> dict[str, Any]:
+    """`by_id` keyed by group name instead of Flight Recorder group id (torch keys pg_status
+    by the group's id in each process, which differs between the members of a mesh's groups:
+    llmmon_reporter.groupids).  An id with no known name is left out and noted: joined to
+    other ranks under its id it would mix different groups (`notes`: None where that is
+    expected, as in a dump whose progress only serves its own records)."""
+    if names is None:
+        return by_id
+    named = {}
+    for pg_id, value in by_id.items():
+        if pg_id in names:
+            named[names[pg_id]] = value
+        elif notes is not None:
+            notes.cut["unnamed_group"] += 1
+    return named
+
+
 def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
     progress, listed = {}, _obj(raw or {}, "pg_status")
     for name, value in listed.items():
@@ -386,12 +430,14 @@ def _progress(raw: Any, notes: Notes) -> dict[str, Progress]:
     return progress
 
 
-def _settle(progress: dict[str, Progress], raw: Any, notes: Notes) -> dict[str, Progress]:
+def _settle(progress: dict[str, Progress], raw: Any, names: dict[str, str] | None,
+            notes: Notes) -> dict[str, Progress]:
     """Progress with the reporter's `settled` sequence numbers: records its ring showed final
     although pg_status' completed number lags (gloo updates it out of order).  A number past
     what the group enqueued settles nothing."""
     settled = {label(pg, "pg", notes): _int(seq, f"settled.{pg:.40}", -1)
                for pg, seq in list(_obj(raw or {}, "settled").items())[:MAX_PGS]}
+    settled = _named(settled, names, notes)
     return {pg: dataclasses.replace(p, completed=settled[pg])
             if p.completed < settled.get(pg, -1) <= p.enqueued else p
             for pg, p in progress.items()}
@@ -439,9 +485,10 @@ def collective(raw: Any, notes: Notes) -> Collective:
 
 
 def fr_dump(raw: Any, notes: Notes, known: Container[int] = (),
-            keep: int = MAX_ENTRIES) -> FrDump:
+            keep: int = MAX_ENTRIES, names: dict[str, str] | None = None) -> FrDump:
     """A dump; entries whose record_id is in `known` (counted before) are not parsed again,
-    and only the newest `keep` entries are (the others are noted as cut)."""
+    and only the newest `keep` entries are (the others are noted as cut).  Its pg_status is
+    keyed by group name, through `names` (the reporter's map) and its own records' pairs."""
     doc = _obj(raw, "dump")
     entries, ids = [], []
     items = _list(doc.get("entries", []), "entries", MAX_ENTRIES)
@@ -458,8 +505,11 @@ def fr_dump(raw: Any, notes: Notes, known: Container[int] = (),
             entries.append(collective(item, notes))
         except SchemaError as exc:
             notes.drop(f"entry: {exc}")
+    paired = _entry_pg_ids(items, notes)
+    if paired or names is not None:
+        names = {**paired, **(names or {})}
     return FrDump(_config_groups(doc.get("pg_config"), notes),
-                  _progress(doc.get("pg_status"), notes), tuple(entries),
+                  _named(_progress(doc.get("pg_status"), notes), names, None), tuple(entries),
                   min(ids, default=-1), max(ids, default=-1))
 
 
@@ -534,16 +584,19 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
     doc = _load(data, "state")
     status = _obj(doc.get("status") or {}, "status")
     inflight = doc.get("inflight")
+    names = _pg_ids(doc.get("pg_ids"), notes)
     return RankState(
         identity=_identity(doc.get("identity"), notes),
         written_ns=_int(doc.get("written_ns"), "written_ns"),
         health=_health(doc.get("reporter", {})),
         groups=_groups(doc.get("pgs") or {}, notes) or _config_groups(status.get("pg_config"),
                                                                        notes),
-        progress=_settle(_progress(status.get("pg_status"), notes), doc.get("settled"), notes),
+        progress=_settle(_named(_progress(status.get("pg_status"), notes), names, notes),
+                         doc.get("settled"), names, notes),
         memory=_memory(doc.get("memory")),
         steps=_steps(doc.get("step")),
-        inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT),
+        inflight=None if inflight is None else fr_dump(inflight, notes, keep=MAX_INFLIGHT,
+                                                       names=names),
         activity=_activity(doc.get("activity")),
         stack=_stack(doc.get("stack")),
         exit=_exit(doc.get("exit"), notes))
