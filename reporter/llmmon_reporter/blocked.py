@@ -87,7 +87,7 @@ def _peer(local: dict[str, Any], keys: tuple[str, str], dist: Any) -> int | None
 
 
 def _global(op: Any, dist: Any) -> int | None:
-    """A P2POp's peer as a global rank (`peer` is one already since torch 2.6)."""
+    """A P2POp's peer as a global rank (torch 2.13 keeps `peer` global, `group_peer` local)."""
     if _integer(op.peer):
         return op.peer
     group_peer = getattr(op, "group_peer", None)

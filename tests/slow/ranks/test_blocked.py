@@ -1,6 +1,7 @@
 """What a rank is blocked in, read from its frames (llmmon_reporter.blocked), in real gloo jobs
 whose Flight Recorder records no point-to-point op: a rank waits in `recv` (or a pipeline
-schedule's wait) while its peer holds back until a thread of the waiting rank has seen it."""
+schedule's wait) while its peer holds back until a thread of the waiting rank has seen it (or,
+through the reporter's state file, the daemon's /api/v1/ranks entry of it)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
-from tests.ranks.jobs import base_env
+from tests.helpers import wait_for
+from tests.ranks.jobs import base_env, job_doc, watched_collector
 
 # One rank of a scenario.  watch(phase, op) starts a thread that reads blocked() of the main
 # thread until it shows `op` (at most 60 s) and writes what it saw to <phase>.json; hold(phase)
@@ -87,13 +90,23 @@ elif scenario == "pipeline":
     else:
         hold("stage")
     step()
+elif scenario == "reported":  # the reporter writes it into the state file the daemon reads
+    import llmmon_reporter
+    llmmon_reporter.start()
+    if rank == 1:
+        dist.recv(t, src=0)
+    else:
+        hold("release")
+        dist.send(t, dst=1)
 dist.barrier()
 dist.destroy_process_group()
 """
 
 
-def _run(tmp: Path, scenario: str, world: int) -> dict[str, Any]:
-    """Every rank of `scenario` to a clean exit; phase -> what blocked() showed."""
+@contextmanager
+def _job(tmp: Path, scenario: str, world: int, env: dict[str, str] | None = None
+         ) -> Iterator[None]:
+    """Every rank of `scenario` running for the block, then to a clean exit (killed if not)."""
     (tmp / "job.py").write_text(JOB)
     procs = []
     try:
@@ -101,7 +114,8 @@ def _run(tmp: Path, scenario: str, world: int) -> dict[str, Any]:
             with open(tmp / f"rank_{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, str(tmp / "job.py"), scenario, str(rank), str(world),
-                     str(tmp)], env=base_env(), stdout=log, stderr=subprocess.STDOUT))
+                     str(tmp)], env=env or base_env(), stdout=log, stderr=subprocess.STDOUT))
+        yield
         codes = [proc.wait(timeout=180) for proc in procs]
     finally:
         for proc in procs:
@@ -111,6 +125,12 @@ def _run(tmp: Path, scenario: str, world: int) -> dict[str, Any]:
     logs = "\n".join((tmp / f"rank_{r}.log").read_text(errors="replace")[-2000:]
                      for r in range(world))
     assert codes == [0] * world, f"exit codes {codes}\n{logs}"
+
+
+def _run(tmp: Path, scenario: str, world: int) -> dict[str, Any]:
+    """Phase -> what blocked() showed, once every rank of `scenario` exited."""
+    with _job(tmp, scenario, world):
+        pass
     return {path.stem: json.loads(path.read_text()) for path in tmp.glob("*.json")}
 
 
@@ -129,3 +149,18 @@ def test_a_group_local_peer_is_named_by_its_global_rank(tmp_path: Path) -> None:
 def test_a_pipeline_stage_waits_on_the_stage_before_it(tmp_path: Path) -> None:
     seen = _run(tmp_path, "pipeline", 2)
     assert seen["stage"] == [{"op": "recv", "peer": 0, "pg": "0"}]
+
+
+def test_the_daemon_shows_what_a_rank_is_blocked_in_from_its_state_file(tmp_path: Path) -> None:
+    with watched_collector(tmp_path) as (spool, collector):
+        env = {**base_env(), "LLMMON_SPOOL": str(spool), "LLMMON_JOB": "pp-job",
+               "TORCH_FR_BUFFER_SIZE": "2000"}
+        with _job(tmp_path, "reported", 2, env):
+            def blocked() -> dict[int, Any] | None:
+                job = job_doc(collector)
+                ranks = {r["rank"]: r["blocked"] for r in (job or {}).get("ranks", [])}
+                return ranks if 0 in ranks and ranks.get(1) else None
+
+            ranks = wait_for(blocked, 120, "rank 1's blocked op in /api/v1/ranks")
+            (tmp_path / "release.json").write_text("[]")
+    assert ranks == {0: [], 1: [{"op": "recv", "peer": 0, "pg": "0"}]}
