@@ -22,8 +22,9 @@ MAX_SCAN = 64  # items of one local list looked at for P2POps
 
 _C10D = "torch.distributed.distributed_c10d"
 _FUNCTIONAL = "torch.distributed._functional_collectives"
-_PEERS = {"send": ("dst", "group_dst"), "isend": ("dst", "group_dst"),
-          "recv": ("src", "group_src"), "irecv": ("src", "group_src")}
+# c10d function -> the op it is and its locals naming the peer (global, group-local)
+_PEERS = {"send": ("send", "dst", "group_dst"), "isend": ("send", "dst", "group_dst"),
+          "recv": ("recv", "src", "group_src"), "irecv": ("recv", "src", "group_src")}
 _COLLECTIVES = frozenset((
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
     "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
@@ -62,7 +63,8 @@ def _read(frame: FrameType, module: str, inside: bool, dist: Any) -> list[dict[s
     job's frame only with a Work still pending: the ops are then what it waits on)."""
     name, local = frame.f_code.co_name, frame.f_locals
     if module == _C10D and name in _PEERS:
-        return [_op(name, _peer(local, _PEERS[name], dist), local.get("group"), dist)]
+        op, *keys = _PEERS[name]
+        return [_op(op, _peer(local, keys, dist), local.get("group"), dist)]
     if module == _C10D and name in _COLLECTIVES:
         return [_op(name, None, local.get("group"), dist)]
     if module == _FUNCTIONAL and name == "wait_tensor":
@@ -75,7 +77,7 @@ def _read(frame: FrameType, module: str, inside: bool, dist: Any) -> list[dict[s
                        p.group, dist) for p in ops)
 
 
-def _peer(local: dict[str, Any], keys: tuple[str, str], dist: Any) -> int | None:
+def _peer(local: dict[str, Any], keys: list[str], dist: Any) -> int | None:
     """The global rank of send's `dst`/`group_dst` (recv's `src`/`group_src`); None for a
     receive from any source."""
     peer, group_peer = (local.get(k) for k in keys)
