@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from llmmon_reporter import activity, entrylog, exitstatus, flight, groupids, identity, layout, \
-    native, spoolfile
+from llmmon_reporter import activity, blocked, entrylog, exitstatus, flight, groupids, identity, \
+    layout, native, spoolfile
 from llmmon_reporter.dumppipe import DumpPipe
 from llmmon_reporter.timeslice import TimeSlice
 from llmmon_reporter.settle import Settled
@@ -142,6 +142,7 @@ class Reporter:
         self._pace = TimeSlice()
         self._activity: dict[str, Any] | None = None
         self._stack: list[dict[str, Any]] | None = None
+        self._blocked: list[dict[str, Any]] | None = None  # what `_stack` is waiting in
         self._exit: dict[str, Any] | None = None
         self._next_inflight = 0.0
         self._next_entries = 0.0
@@ -312,8 +313,13 @@ class Reporter:
         # The daemon's dump request (a stalled group, or an SRE's) asks for the stack too, even of
         # a rank that still completes collectives (a rank whose peers on other nodes wait).
         requested = session.pipe is not None and session.pipe.requested()
-        self._stack = activity.stack(self._meter.thread_id) if idle or force or requested \
-            else None
+        if idle or force or requested:
+            thread = self._meter.thread_id
+            self._stack = activity.stack(thread)
+            self._blocked = blocked.blocked(sys._current_frames().get(thread),
+                                            session.torch.distributed)
+        else:
+            self._stack = self._blocked = None
         if not (stuck or force and any(e > c for e, c in progress.values())):
             self._inflight = None
         elif force or now >= self._next_inflight:
@@ -360,6 +366,7 @@ class Reporter:
             "step": self.steps.snapshot(),
             "activity": self._activity,
             "stack": self._stack,
+            "blocked": self._blocked,
             "exit": self._exit,
         }
         data = spoolfile.compose(header, {"status": status, "inflight": self._inflight})

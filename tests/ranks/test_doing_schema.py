@@ -1,5 +1,6 @@
-"""The reporter's activity, stack and exit blocks through the real parser: typed, or refused;
-and what the daemon makes of them (the collective an exception came from)."""
+"""The reporter's activity, stack, blocked and exit blocks through the real parser: typed, or
+refused (a bad `blocked` item dropped alone); and what the daemon makes of them (the collective
+an exception came from)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from llmmon.ranks.culprit import where
 from llmmon.ranks.failure import failed_in
-from llmmon.ranks.validate import Notes, SchemaError, parse_state
+from llmmon.ranks.validate import MAX_BLOCKED, Notes, PeerWait, SchemaError, parse_state
 from tests.conftest import FIXTURES
 
 STATE = json.loads((FIXTURES / "spool" / "bad" / "good" / "rank_0.1000.json").read_text())
@@ -46,6 +47,48 @@ def test_where_names_the_jobs_own_frame_and_the_library_call_it_is_in() -> None:
                             "module": "data"}])
     assert where(loader.stack) == "load_next_batch (data.py:41)"
     assert parsed().stack is None and parsed().activity is None and parsed().exit is None
+
+
+RECV = {"op": "recv", "peer": 2, "pg": "0"}
+
+
+def test_blocked_ops_are_typed_and_absent_without_a_stack() -> None:
+    state = parsed(blocked=[RECV, {"op": "all_reduce", "peer": None, "pg": "1"}])
+    assert state.blocked == (PeerWait("recv", 2, "0"), PeerWait("all_reduce", None, "1"))
+    assert parsed().blocked == () and parsed(blocked=None).blocked == ()
+
+
+@pytest.mark.parametrize("item", [
+    "recv", 7, None, [RECV],  # not an object
+    {"peer": 1, "pg": "0"}, {**RECV, "op": 5}, {**RECV, "pg": ["0"]},  # op and pg: strings
+    {**RECV, "peer": -1}, {**RECV, "peer": 1 << 40}, {**RECV, "peer": True},
+    {**RECV, "peer": 1.5}, {**RECV, "peer": {}},  # peer: a rank or null
+])
+def test_a_malformed_blocked_item_is_dropped_alone(item: Any) -> None:
+    notes = Notes()
+    state = parse_state(json.dumps({**STATE, "blocked": [item, RECV]}).encode(), notes)
+    assert state.blocked == (PeerWait("recv", 2, "0"),)
+    assert notes.dropped == 1 and notes.first_drop.startswith("blocked: ")
+    assert state.identity.rank == STATE["identity"]["rank"] and state.groups
+
+
+@pytest.mark.parametrize("blocked", ["recv", {"op": "recv"}, 3, True])
+def test_a_blocked_block_that_is_no_list_is_dropped_and_the_state_stands(blocked: Any) -> None:
+    notes = Notes()
+    state = parse_state(json.dumps({**STATE, "blocked": blocked}).encode(), notes)
+    assert state.blocked == () and notes.dropped == 1 and state.groups
+
+
+def test_blocked_is_bounded_in_items_and_in_each_strings_alphabet_and_length() -> None:
+    notes = Notes()
+    state = parse_state(json.dumps({**STATE, "blocked": [RECV] * 10_000 + [
+        {"op": "x" * 100_000, "peer": 0, "pg": "p/g\n" * 50_000}]}).encode(), notes)
+    assert state.blocked == (PeerWait("recv", 2, "0"),) * MAX_BLOCKED
+    assert notes.cut["blocked"] == 10_001 - MAX_BLOCKED
+    wild = parse_state(json.dumps({**STATE, "blocked": [
+        {"op": "Recv " + "x" * 100_000, "peer": 0, "pg": "p/g\n" * 50_000}]}).encode(), notes)
+    assert wild.blocked == (PeerWait("_ecv_" + "x" * 43, 0, ("p_g_" * 16)),)
+    assert notes.sanitised["coll"] == notes.sanitised["pg"] == 1
 
 
 def _lagging(settled: Any) -> Any:  # type: ignore[no-untyped-def]

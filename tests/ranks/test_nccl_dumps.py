@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from llmmon.ranks.collectives import bus_factor
+from llmmon.ranks.validate import Notes, collective
 from tests.conftest import FIXTURES, ROOT, compare_golden, pythonpath
 from tests.ranks.jobs import by_rank, make_collector, scrape, series
 
@@ -106,6 +107,18 @@ def test_bus_factors_are_nccl_tests_own() -> None:
         assert bus_factor(coll, 8) == 7 / 8
     for coll in ("broadcast", "reduce", "send", "recv"):
         assert bus_factor(coll, 8) == 1.0
+
+
+def test_a_point_to_point_records_coll_is_its_op_not_its_ranks() -> None:
+    """ProcessGroupNCCL names p2p records `nccl:send <rank>-><peer>`, `nccl:recv <rank><-<peer>`
+    (group ranks); gloo records none."""
+    record = {**CAPTURE["entries_head"][0], "is_p2p": True, "p2p_seq_id": 3}
+    for name, coll in (("nccl:send 0->1", "send"), ("nccl:recv 1<-0", "recv"),
+                       ("nccl:all_reduce", "all_reduce")):
+        notes = Notes()
+        entry = collective({**record, "profiling_name": name}, notes)
+        assert (entry.coll, entry.seq, entry.is_p2p) == (coll, 3, True)
+        assert not notes.sanitised
 
 
 def test_the_fixture_spools_are_what_the_deriver_writes(tmp_path: Path) -> None:

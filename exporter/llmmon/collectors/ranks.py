@@ -198,10 +198,11 @@ CUT = MetricSpec(
     "llmmon_nccl_spool_cut_total", "counter",
     "Items of spool files left out to bound the daemon's memory, by reason: groups (beyond 64 a "
     "document), rank_spans (groups listing over 64 spans), inflight_entries (beyond 2,048 a "
-    "state file), series (samples over 64 counter series a rank), read_budget (a changed "
-    "file left for the next run: max_read_bytes or half the collector's timeout spent), "
-    "unnamed_group (a group's progress whose Flight Recorder id the reporter could not pair "
-    "with the group's name: its records left the ring before the reporter started).",
+    "state file), blocked (ops a rank waits in, beyond 16 a state file), series (samples over "
+    "64 counter series a rank), read_budget (a changed file left for the next run: "
+    "max_read_bytes or half the collector's timeout spent), unnamed_group (a group's progress "
+    "whose Flight Recorder id the reporter could not pair with the group's name: its records "
+    "left the ring before the reporter started).",
     ("reason",))
 GAP = MetricSpec(
     "llmmon_nccl_collective_gap_seconds", "gauge",

@@ -35,8 +35,10 @@ def family(coll: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def coll_name(profiling_name: str) -> str:
-    """`nccl:_all_gather_base` -> `_all_gather_base`: the backend prefix is not the operation."""
-    return profiling_name.rpartition(":")[2].lower()
+    """`nccl:_all_gather_base` -> `_all_gather_base`: the backend prefix is not the operation,
+    nor are the group ranks of a point-to-point record (`nccl:recv 1<-0` -> `recv`), which
+    would make a `coll` label value per pair."""
+    return profiling_name.rpartition(":")[2].split(" ", 1)[0].lower()
 
 
 def bus_factor(coll: str, group_size: int) -> float:

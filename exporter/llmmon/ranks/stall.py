@@ -319,6 +319,7 @@ class RankView:
             "steps": state.steps.steps if state.steps else None,
             "doing": self.doing.json(),
             "stack": [f._asdict() for f in state.stack] if state.stack else None,
+            "blocked": [w._asdict() for w in state.blocked],
             "groups": {
                 pg: {"enqueued": g.progress.enqueued, "started": g.progress.started,
                      "completed": g.progress.completed, "last_progress": g.last_progress,

@@ -38,6 +38,7 @@ MAX_BUCKETS = 64
 MAX_SEQ = 1 << 62
 MAX_TEXT = 500
 MAX_FRAMES = 64
+MAX_BLOCKED = 16  # ops one rank is seen blocked in (the reporter writes at most 16)
 
 # label field -> characters kept (others become "_") and the longest value kept
 LABEL_RULES: dict[str, tuple[re.Pattern[str], int]] = {
@@ -233,6 +234,15 @@ class Frame(NamedTuple):
     module: str
 
 
+class PeerWait(NamedTuple):
+    """A torch.distributed op the training thread was blocked in (llmmon_reporter.blocked):
+    the only evidence of a p2p wait on gloo, whose Flight Recorder records none."""
+
+    op: str  # send, recv, or a collective's name
+    peer: int | None  # global rank; None for a collective or a receive from any source
+    pg: str
+
+
 @dataclass(frozen=True)
 class Exit:
     """How the process ended, as its reporter wrote at interpreter exit."""
@@ -257,6 +267,7 @@ class RankState:
     activity: Activity | None = None
     stack: tuple[Frame, ...] | None = None  # innermost first; only while nothing completes
     exit: Exit | None = None
+    blocked: tuple[PeerWait, ...] = ()  # with `stack`: the op it waits in, when it shows one
 
 
 @dataclass(frozen=True)
@@ -556,6 +567,28 @@ def _stack(raw: Any) -> tuple[Frame, ...] | None:
                  for f in _list(raw, "stack", MAX_FRAMES))
 
 
+def _blocked(raw: Any, notes: Notes) -> tuple[PeerWait, ...]:
+    """The ops the reporter saw the thread blocked in; a bad item is dropped alone, and more
+    than MAX_BLOCKED are cut."""
+    if not isinstance(raw, list):
+        if raw is not None:
+            notes.drop(f"blocked: expected a list, got {type(raw).__name__}")
+        return ()
+    if len(raw) > MAX_BLOCKED:
+        notes.cut["blocked"] += len(raw) - MAX_BLOCKED
+    waits = []
+    for item in raw[:MAX_BLOCKED]:
+        try:
+            doc = _obj(item, "blocked item")
+            peer = doc.get("peer")
+            waits.append(PeerWait(label(doc.get("op"), "coll", notes),
+                                  None if peer is None else _int(peer, "peer", 0, MAX_RANK),
+                                  label(doc.get("pg"), "pg", notes)))
+        except SchemaError as exc:
+            notes.drop(f"blocked: {exc}")
+    return tuple(waits)
+
+
 def _exit(raw: Any, notes: Notes) -> Exit | None:
     if raw is None:
         return None
@@ -599,7 +632,8 @@ def parse_state(data: bytes, notes: Notes) -> RankState:
                                                        names=names),
         activity=_activity(doc.get("activity")),
         stack=_stack(doc.get("stack")),
-        exit=_exit(doc.get("exit"), notes))
+        exit=_exit(doc.get("exit"), notes),
+        blocked=_blocked(doc.get("blocked"), notes))
 
 
 def parse_log_header(line: bytes, notes: Notes) -> tuple[str, int, int]:
