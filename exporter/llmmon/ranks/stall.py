@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Mapping
 
-from llmmon.ranks import culprit, desync, ending, pace, slowdown
+from llmmon.ranks import culprit, desync, ending, pace, slowdown, waitfor
 from llmmon.ranks.culprit import Doing
 from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Ledger, RankTrack
@@ -132,6 +132,7 @@ class GroupVerdict:
     stale: tuple[int, ...]
     stopped: tuple[int, ...]
     busy: tuple[int, ...]  # behind and working, or quiet and working: given the ceiling
+    elsewhere: Mapping[int, str]  # never enqueued it, as they wait inside another operation
     remote: bool  # the rank behind is on another node
     outstanding: Outstanding | None  # while a rank waits
     issued: Mapping[int, str]  # rank -> what it issued at the frontier, once that is exported
@@ -179,6 +180,7 @@ class GroupVerdict:
             "stale": list(self.stale),
             "stopped": list(self.stopped),
             "busy": list(self.busy),
+            "elsewhere": {str(r): where for r, where in self.elsewhere.items()},
             "remote": self.remote,
             "op": None if self.outstanding is None else self.outstanding.json(),
             "issued": {str(r): s for r, s in self.issued.items()},
@@ -225,7 +227,10 @@ def _waiting_summary(head: str, group: GroupVerdict, op: Outstanding) -> str:
         text += "; " + "; ".join(
             f"rank {r} never enqueued it (last enqueued #{group.progress[r].enqueued})"
             + (f": {group.said[r]}" if group.said.get(r) else "") for r in group.behind)
-    elif group.stopped or group.desync:
+    if group.elsewhere:
+        text += "; " + "; ".join(f"rank {r} waits elsewhere, in {where}"
+                                 for r, where in group.elsewhere.items())
+    elif group.behind or group.stopped or group.desync:
         pass  # named below
     elif group.spans_nodes:
         text += (f"; every rank on this node enqueued it: the rank behind is on another node "
@@ -486,18 +491,23 @@ def _quiet(job: _Job, st: _Standing, now: float) -> tuple[float, tuple[int, ...]
     return quiet, present, tuple(r for r in present if st.doing[r].busy)
 
 
-def _verdict(job_id: str, job: _Job, pg: str, now: float,
-             limits: StallThresholds) -> GroupVerdict:
-    """The rules applied to group `pg` of a job: where it stands, then who is to blame."""
+def _verdict(job_id: str, job: _Job, pg: str, now: float, limits: StallThresholds,
+             graph: waitfor.Graph) -> GroupVerdict:
+    """The rules applied to group `pg` of a job: where it stands, then who is to blame.  A rank
+    behind here that waits inside another group's operation (`graph`) is not to blame here."""
     st = _standing(job, pg, now, limits)
-    waiting, behind = waiting_ranks(st.progress, st.seq), behind_ranks(st.progress, st.seq)
+    waiting = waiting_ranks(st.progress, st.seq)
+    elsewhere = {r: other[0].where for r in behind_ranks(st.progress, st.seq)
+                 if (other := [w for w in graph.waits.get(r, ()) if w.pg != pg])}
+    behind = tuple(r for r in behind_ranks(st.progress, st.seq) if r not in elsewhere)
     stopped = tuple(sorted(r for r, d in st.doing.items() if d.stopped))
     learned = pace.pace(st.members, pg, limits.stall_floor, limits.stall_after,
                         limits.stall_factor)
     busy = tuple(r for r in behind if st.doing[r].busy)
-    remote = st.op is not None and behind_remote(behind, stopped, st.found, st.meta,
-                                                 len(st.progress))
-    quiet, quiet_ranks, idle_busy = _quiet(job, st, now)
+    remote = st.op is not None and not elsewhere and behind_remote(
+        behind, stopped, st.found, st.meta, len(st.progress))
+    quiet, present, idle_busy = _quiet(job, st, now)
+    quiet_ranks = tuple(r for r in present if not graph.waiting(r))
     stalled = st.op is not None and inflight_stalled(
         st.stuck, learned.threshold, limits.stall_after, excused=bool(busy or remote),
         live_waiters=bool(set(waiting) - set(st.stale) or stopped), ended=job.end is not None)
@@ -506,8 +516,8 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float,
     return GroupVerdict(
         job_id=job_id, pg=pg, meta=st.meta, progress=st.progress, frontier=st.seq,
         waiting=waiting, behind=behind, stale=st.stale, stopped=stopped,
-        busy=busy or idle_busy, remote=remote, outstanding=st.op, issued=st.issued,
-        desync=st.found, last_progress=last,
+        busy=busy or idle_busy, elsewhere=elsewhere, remote=remote, outstanding=st.op,
+        issued=st.issued, desync=st.found, last_progress=last,
         no_progress_seconds=round(now - (now if last is None else last), 3),
         stalled_seconds=round(st.stuck, 3), quiet_seconds=round(quiet, 3),
         quiet_ranks=quiet_ranks, pace=learned, gap=slowdown.group_pace(st.members, pg, now),
@@ -516,6 +526,27 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float,
         doing={r: st.doing[r] for r in named},
         said={r: st.doing[r].text(st.window, job.report_age(r, now)) for r in named},
         end=job.end)
+
+
+def _graph(job: _Job, pgs: list[str]) -> waitfor.Graph:
+    """The job's waits on this node: collectives in flight by the Flight Recorder, and what
+    the frames of the ranks show them blocked in where it shows nothing."""
+    waits: list[waitfor.Wait] = []
+    for pg in pgs:
+        members = [t for t in job.tracks if pg in t.state.progress]
+        progress = {_rank(t): t.state.progress[pg] for t in members}
+        issued = {_rank(t): entry.coll for t in members
+                  if (entry := t.index.get(pg, {}).get(progress[_rank(t)].completed + 1))}
+        meta = next((t.groups()[pg] for t in members if pg in t.groups()), None)
+        waits += waitfor.collective_waits(pg, meta, progress, issued)
+    recorded: dict[int, set[str]] = {}
+    for wait in waits:
+        recorded.setdefault(wait.rank, set()).add(wait.pg)
+    for track in job.tracks:
+        if track.state.blocked:
+            waits += waitfor.frame_waits(_rank(track), track.state.blocked, track.groups(),
+                                         recorded.get(_rank(track), ()))
+    return waitfor.graph(waits, [_rank(t) for t in job.tracks])
 
 
 def judge(ledger: Ledger, now: float, limits: StallThresholds, watch: PidWatch | None = None,
@@ -532,7 +563,8 @@ def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: flo
                   tcp: TcpWatch | None) -> JobEvidence:
     job = _Job.of(job_id, tracks, watch)
     pgs = sorted({pg for t in tracks for pg in t.state.progress})
-    groups = tuple(_verdict(job_id, job, pg, now, limits) for pg in pgs)
+    graph = _graph(job, pgs)
+    groups = tuple(_verdict(job_id, job, pg, now, limits, graph) for pg in pgs)
     up = [t for t in tracks if t.age(now) <= limits.stale_after]
     lags = {pg: lag for pg in pgs
             if (lag := ledger.enqueue_lag([t for t in up if pg in t.state.progress], pg))}
