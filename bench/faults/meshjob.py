@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -72,6 +73,11 @@ def mlp(*layers: torch.nn.Module) -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(DIM, DIM), torch.nn.ReLU(), *layers,
                                torch.nn.Linear(DIM, DIM))
+
+
+# DTensor's local outputs are views, and FSDP warns of in-place ops on them once per module
+# class and rank: these models do none.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def forward_backward(model: torch.nn.Module, data: torch.Tensor) -> torch.Tensor:
