@@ -63,6 +63,14 @@ class Point:
             self.stop()
 
 
+TP_OP = Point("hang-tp", stuck_before_tp_op)
+ALL_GATHER = Point("hang-fsdp", stuck_before_all_gather)
+BACKWARD = Point("hang-backward", stuck_in_backward)
+STAGE_FORWARD = Point("pp-forward", stuck_in_stage_forward)
+STAGE_BACKWARD = Point("pp-backward", stuck_in_stage_backward)
+ALL_TO_ALL = Point("hang-ep", stuck_before_all_to_all)
+
+
 class _StopInBackward(torch.autograd.Function):
     """Identity forward; its backward stops (the autograd engine runs it on the CPU thread that
     called backward, so that thread's stack shows the stop)."""

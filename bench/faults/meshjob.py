@@ -55,17 +55,19 @@ BATCH = 64
 MICROBATCHES = 4
 TRAINER_FAULTS = ("none", "loader", "loader-all", "exit", "sigkill", "sigstop", "straggler",
                   "starved", "nan")
+# DTensor's local outputs are views, and FSDP warns of in-place ops on them once per module
+# class and rank: these models do none.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 @dataclass
 class MeshJob:
     """One rank's part of a mesh job."""
 
-    mesh: DeviceMesh
     data_rank: int  # the batch this rank trains on: ranks that split one model share it
     parameters: list[torch.nn.Parameter]
-    step: Callable[[torch.Tensor], torch.Tensor | None]  # forward, backward, gradient sync;
-    # the loss where this rank computes one
+    # Forward, backward and gradient sync of a batch; the loss where this rank computes one.
+    step: Callable[[torch.Tensor], torch.Tensor | None]
 
 
 def mlp(*layers: torch.nn.Module) -> torch.nn.Sequential:
@@ -75,13 +77,8 @@ def mlp(*layers: torch.nn.Module) -> torch.nn.Sequential:
                                torch.nn.Linear(DIM, DIM))
 
 
-# DTensor's local outputs are views, and FSDP warns of in-place ops on them once per module
-# class and rank: these models do none.
-warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-
-
 def forward_backward(model: torch.nn.Module, data: torch.Tensor) -> torch.Tensor:
-    fp.Point("hang-fsdp", fp.stuck_before_all_gather).reached()  # the root's pre-forward gathers
+    fp.ALL_GATHER.reached()  # the model's pre-forward all-gathers the shards
     loss = model(data).pow(2).mean()
     loss.backward()
     return loss.detach()
@@ -95,16 +92,16 @@ def shard_layers(model: torch.nn.Sequential, mesh: DeviceMesh) -> None:
 
 
 def before_tp_op(module: torch.nn.Module, args: tuple[object, ...]) -> None:
-    fp.Point("hang-tp", fp.stuck_before_tp_op).reached()
+    fp.TP_OP.reached()
 
 
 def fsdp_tp() -> MeshJob:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    model = mlp(fp.Trap(backward_point=fp.Point("hang-backward", fp.stuck_in_backward)))
+    model = mlp(fp.Trap(backward_point=fp.BACKWARD))
     parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "3": RowwiseParallel()})
     shard_layers(model, mesh["dp"])
     model[3].register_forward_pre_hook(before_tp_op)  # last: after FSDP's unshard, TP's input
-    return MeshJob(mesh, mesh["dp"].get_local_rank(), list(model.parameters()),
+    return MeshJob(mesh["dp"].get_local_rank(), list(model.parameters()),
                    partial(forward_backward, model))
 
 
@@ -112,8 +109,7 @@ def hsdp() -> MeshJob:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     model = mlp()
     shard_layers(model, mesh)
-    return MeshJob(mesh, mesh.get_rank(), list(model.parameters()),
-                   partial(forward_backward, model))
+    return MeshJob(mesh.get_rank(), list(model.parameters()), partial(forward_backward, model))
 
 
 def all_reduce_mean(parameters: list[torch.nn.Parameter], group: dist.ProcessGroup) -> None:
@@ -126,9 +122,7 @@ def all_reduce_mean(parameters: list[torch.nn.Parameter], group: dist.ProcessGro
 def pp() -> MeshJob:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
     stage_index = mesh["pp"].get_local_rank()
-    trap = fp.Trap(fp.Point("pp-forward", fp.stuck_in_stage_forward),
-                   fp.Point("pp-backward", fp.stuck_in_stage_backward))
-    model = mlp(trap)
+    model = mlp(fp.Trap(fp.STAGE_FORWARD, fp.STAGE_BACKWARD))
     part = model[:3] if stage_index == 0 else model[2:]  # the trap in each stage
     stage = PipelineStage(part, stage_index, 2, torch.device("cpu"),
                           group=mesh["pp"].get_group())
@@ -147,7 +141,7 @@ def pp() -> MeshJob:
         all_reduce_mean(list(part.parameters()), dp_group)
         return loss
 
-    return MeshJob(mesh, mesh["dp"].get_local_rank(), list(part.parameters()), step)
+    return MeshJob(mesh["dp"].get_local_rank(), list(part.parameters()), step)
 
 
 def ep() -> MeshJob:
@@ -166,14 +160,14 @@ def ep() -> MeshJob:
         all_reduce_mean(experts, dp_group)
         return loss.detach()
 
-    return MeshJob(mesh, mesh.get_rank(), list(model.parameters()), step)
+    return MeshJob(mesh.get_rank(), list(model.parameters()), step)
 
 
 MODES: dict[str, tuple[Callable[[], MeshJob], tuple[str, ...]]] = {
-    "fsdp-tp": (fsdp_tp, ("hang-tp", "hang-fsdp", "hang-backward")),
-    "hsdp": (hsdp, ("hang-fsdp",)),
-    "pp": (pp, ("pp-forward", "pp-backward")),
-    "ep": (ep, ("hang-ep",)),
+    "fsdp-tp": (fsdp_tp, (fp.TP_OP.fault, fp.ALL_GATHER.fault, fp.BACKWARD.fault)),
+    "hsdp": (hsdp, (fp.ALL_GATHER.fault,)),
+    "pp": (pp, (fp.STAGE_FORWARD.fault, fp.STAGE_BACKWARD.fault)),
+    "ep": (ep, (fp.ALL_TO_ALL.fault,)),
 }
 
 

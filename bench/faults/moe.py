@@ -13,8 +13,6 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from bench.faults import faultpoints as fp
 
-HANG = fp.Point("hang-ep", fp.stuck_before_all_to_all)
-
 
 class MoE(torch.nn.Module):
     def __init__(self, dim: int, per_rank: int, group: dist.ProcessGroup) -> None:
@@ -25,7 +23,7 @@ class MoE(torch.nn.Module):
         self.experts = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        HANG.reached()
+        fp.ALL_TO_ALL.reached()
         weight, expert = self.gate(x).softmax(-1).max(-1)
         order = expert.argsort()
         send_counts = torch.bincount(expert[order] // self.per_rank, minlength=self.group.size())
