@@ -41,6 +41,54 @@ class FaultClass:
 
 
 HANG_WINDOW = 330.0  # shipped defaults page ~250 s after the last completion, + group_wait 30 s
+MESH_HEALTHY_WINDOW = 300.0
+MESH = "mesh"  # `--classes mesh`: every class named mesh-...
+
+
+def mesh_classes() -> tuple[FaultClass, ...]:
+    """The mesh jobs' classes (bench/faults/meshjob.py): four ranks on a 2x2 DeviceMesh, rank 3
+    the culprit (node-b; on these meshes every group of rank 3 but the world has a name, counted
+    over the job's groups, other than the id rank 3 gives it).  The cause is the function the
+    culprit stops in; `notes` says where the others wait (found with py-spy)."""
+    def hang(name: str, parallel: str, fault: str, stop: str, notes: str) -> FaultClass:
+        return FaultClass(f"{MESH}-{name}", fault, 3, stop, HANG_WINDOW,
+                          trainer_args=("--parallel", parallel), notes=notes)
+
+    def healthy(parallel: str) -> FaultClass:
+        return FaultClass(f"{MESH}-{parallel}-healthy", "none", None, r"$^",
+                          MESH_HEALTHY_WINDOW, must_not_page=True, warmup=0.0,
+                          trainer_args=("--parallel", parallel),
+                          notes=f"healthy {parallel} job, {MESH_HEALTHY_WINDOW:.0f} s")
+
+    return (
+        hang("tp-hang", "fsdp-tp", "hang-tp", r"stuck_before_tp_op",
+             "fsdp-tp: rank 3 never issues the row-wise layer's forward (its output's all-reduce "
+             "over tp); waiting: rank 2 in that all-reduce (mesh_tp), ranks 1 and 0 in the next "
+             "step's FSDP all-gather over dp (mesh_dp)"),
+        hang("fsdp-hang", "fsdp-tp", "hang-fsdp", r"stuck_before_all_gather",
+             "fsdp-tp: rank 3 never calls the model, whose pre-forward all-gathers the shards; "
+             "waiting: rank 1 in FSDP's all-gather (mesh_dp), ranks 2 and 0 in tp all-reduces "
+             "(mesh_tp)"),
+        hang("backward-hang", "fsdp-tp", "hang-backward", r"stuck_in_backward",
+             "fsdp-tp: rank 3 stops inside backward, between the two layers; waiting: rank 1 in "
+             "FSDP's reduce-scatter (mesh_dp), ranks 2 and 0 in tp all-reduces (mesh_tp)"),
+        hang("pp-forward", "pp", "pp-forward", r"stuck_in_stage_forward",
+             "pp: rank 3 (stage 1) stops in its stage's forward; waiting: rank 2 (stage 0) in "
+             "its pipeline send/recv (mesh_pp, which gloo's Flight Recorder does not record), "
+             "ranks 1 and 0 in the gradient all-reduce over dp (mesh_dp)"),
+        hang("pp-backward", "pp", "pp-backward", r"stuck_in_stage_backward",
+             "pp: rank 3 (stage 1) stops in its stage's backward; waiting: rank 2 (stage 0) in "
+             "its pipeline recv of the gradients (mesh_pp, not in gloo's Flight Recorder), "
+             "ranks 1 and 0 in the gradient all-reduce over dp (mesh_dp)"),
+        hang("ep-hang", "ep", "hang-ep", r"stuck_before_all_to_all",
+             "ep: rank 3 never issues its MoE layer's all_to_all; waiting: rank 2 in the "
+             "all_to_all (mesh_ep), ranks 1 and 0 in the world's gradient all-reduce"),
+        hang("hsdp-hang", "hsdp", "hang-fsdp", r"stuck_before_all_gather",
+             "hsdp: rank 3 never calls the model, whose pre-forward all-gathers the shards; "
+             "waiting: rank 2 in the all-gather (mesh_shard), ranks 1 and 0 in the gradient "
+             "all-reduce over replicate (mesh_replicate)"),
+        *(healthy(parallel) for parallel in ("fsdp-tp", "hsdp", "pp", "ep")),
+    )
 
 
 def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
@@ -104,6 +152,7 @@ def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
         FaultClass("slow-start", "slow-start", None, r"$^", 300.0, must_not_page=True,
                    trainer_args=("--pause", "90"), warmup=0.0,
                    notes="first step: rank 0 'compiles' 90 s, the others 30 s"),
+        *mesh_classes(),
     )
 
 

@@ -2,6 +2,7 @@
 
     PYTHONPATH=exporter:reporter python -m bench.faults.run    # every class, 30-minute healthy run
     PYTHONPATH=exporter:reporter python -m bench.faults.run --classes loader,sigstop --healthy 120
+    PYTHONPATH=exporter:reporter python -m bench.faults.run --classes mesh  # the mesh jobs' classes
 
 Runs real torchrun/gloo jobs under `llmmon launch` over two simulated nodes (bench/faults/
 cluster.py), injects one fault per job after a healthy warm-up (bench/faults/trainer.py) and
@@ -26,7 +27,7 @@ from typing import Any, Callable
 
 from bench.common import write_result
 from bench.faults import watch
-from bench.faults.classes import FaultClass, Sighting, classes
+from bench.faults.classes import MESH, FaultClass, Sighting, classes
 from bench.faults.cluster import CHECKOUT, NODES, Cluster, Job, remove_namespaces
 
 POLL = 3.0  # seconds between looks at the API and the pages
@@ -306,7 +307,9 @@ def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> Pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--classes", default="", help="comma-separated class names (default all)")
+    parser.add_argument("--classes", default="",
+                        help=f"comma-separated class names, `{MESH}` for every {MESH}-... class "
+                        "(default all)")
     parser.add_argument("--healthy", type=float, default=1800.0,
                         help="seconds of the healthy run (default %(default)s)")
     parser.add_argument("--parallel", type=int, default=3,
@@ -337,10 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         report(sorted(merged.values(), key=lambda r: order.index(r["class"])), metas, args.docs)
         return 0
     wanted = [c for c in args.classes.split(",") if c]
-    unknown = set(wanted) - {c.name for c in every}
+    unknown = set(wanted) - {c.name for c in every} - {MESH}
     if unknown:
         parser.error(f"unknown classes {sorted(unknown)}; known: {[c.name for c in every]}")
-    selected = [c for c in every if not wanted or c.name in wanted]
+    selected = [c for c in every if not wanted or c.name in wanted
+                or (MESH in wanted and c.name.startswith(f"{MESH}-"))]
     if os.geteuid() != 0:
         parser.error("needs root: the nodes' ranks run in network namespaces")
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -23,6 +23,9 @@ time) the moment they inject it, so latencies count from the fault itself.  Faul
   fp16        gradients are all-reduced in fp16 (DDP's fp16 compression hook) from the start
   none        healthy (also: network, whose fault the harness injects with tc on the link)
 
+`--parallel` other than `ddp` runs one of the mesh jobs of bench/faults/meshjob.py instead
+(FSDP with tensor parallelism, HSDP, pipeline, expert parallelism; faults of their own).
+
 With `--gpu` (the H200 variant, bench/h200/faults_check.py) the "compute" is bf16 matrix
 products on cuda:0 for `--step` seconds instead of a sleep; with `--backend nccl` (one rank per
 GPU, so a one-rank job on a one-GPU machine) the model is bf16 on the GPU and DDP all-reduces its
@@ -67,6 +70,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=3600.0, help="stop after (s)")
     parser.add_argument("--gpu", action="store_true", help="compute: bf16 matmuls on cuda:0")
     parser.add_argument("--backend", default="gloo", help="the default group's backend")
+    parser.add_argument("--parallel", default="ddp",
+                        choices=("ddp", "fsdp-tp", "hsdp", "pp", "ep"),
+                        help="ddp, or a mesh job of bench/faults/meshjob.py (4 ranks)")
     return parser.parse_args()
 
 
@@ -118,11 +124,28 @@ def mark_onset(ctl: Path, rank: int) -> None:
     (ctl / f"onset.{rank}").write_text(f"{time.time():.3f}\n")
 
 
+def leave_or_freeze(fault: str) -> None:
+    """The culprit's faults that end or freeze its process."""
+    if fault == "exit":
+        sys.exit(3)
+    if fault in ("sigkill", "sigstop"):
+        os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+
+
 def main() -> None:
     args = parse()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     (args.ctl / f"pid.{rank}").write_text(f"{os.getpid()}\n")
     dist.init_process_group(args.backend, timeout=datetime.timedelta(minutes=30))
+    if args.parallel == "ddp":
+        train_ddp(args, rank)
+    else:
+        from bench.faults import meshjob  # torch's mesh, FSDP and pipelining modules: only here
+        meshjob.train(args, rank)
+    dist.destroy_process_group()
+
+
+def train_ddp(args: argparse.Namespace, rank: int) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 256))
@@ -147,10 +170,8 @@ def main() -> None:
             injected = True
             if culprit or (fault == "checkpoint" and rank == 0) or fault == "loader-all":
                 mark_onset(args.ctl, rank)
-            if culprit and fault == "exit":
-                sys.exit(3)
-            if culprit and fault in ("sigkill", "sigstop"):
-                os.kill(os.getpid(), signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+            if culprit:
+                leave_or_freeze(fault)
             if fault == "checkpoint":
                 if rank == 0:
                     save_checkpoint(net, args.ctl / "checkpoint.pt", args.pause)
@@ -186,7 +207,6 @@ def main() -> None:
             nan = culprit and fault == "nan"
             reporter.step(tokens=64, loss=float("nan") if nan else loss.detach())
         step += 1
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
