@@ -148,6 +148,12 @@ CPU_IDLE = _rank("llmmon_rank_cpu_idle_seconds", "gauge",
                  "least 2 % of a core); grows while it sleeps, is blocked or is frozen.")
 IO_IDLE = _rank("llmmon_rank_io_idle_seconds", "gauge",
                 "Seconds since the rank's process last read or wrote 256 kB in a tick.")
+WAITING = _rank("llmmon_rank_waiting", "gauge",
+                "1 while the rank waits inside an operation of one of its process groups (a "
+                "collective the Flight Recorder has in flight, or a send, receive or collective "
+                "its frames are blocked in), 0 otherwise. A waiting rank is behind in its other "
+                "groups without being to blame: the hang rules never name it; a stopped rank "
+                "is 0.")
 DOING_INFO = MetricSpec(
     "llmmon_rank_doing_info", "info",
     "What a rank completing nothing is doing: the process state (procfs, empty when not "
@@ -246,8 +252,8 @@ class RanksCollector(Collector):
              LAG, MARK, DURATION, BYTES, BUS_BYTES, MISSED, PG_INFO, DUMPS_REQUESTED, DUMPS_KEPT,
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
-             DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET, GAP,
-             GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
+             WAITING, DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET,
+             GAP, GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -504,6 +510,8 @@ class RanksCollector(Collector):
             for spec, idle in ((CPU_IDLE, doing.cpu_idle), (IO_IDLE, doing.io_idle)):
                 if idle is not None:
                     families.add(spec, labels, round(idle, 1))  # as /api/v1/ranks shows it
+            families.add(WAITING, labels,
+                         1 if job.verdict.graph.waiting(rank.rank) and not doing.stopped else 0)
             if rank.alive and (rank.state.stack or doing.stopped):
                 families.add(DOING_INFO, labels + [doing.state, doing.where], 1)
         for group in job.groups:

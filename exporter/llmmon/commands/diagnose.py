@@ -129,9 +129,13 @@ class RanksProbe:
                         f"job {job['job_id']}, rank {rank['rank']} (pid {rank['pid']}) stopped "
                         f"reporting {rank['report_age_seconds']:.0f} s ago{frozen}",
                         {"rank": rank}))
+            verdict = job.get("verdict")  # one per job, however many groups it has
+            if verdict is not None and verdict["stalled"]:
+                findings.append(Finding(self.name, "critical", verdict["summary"], verdict))
             for group in job["groups"]:
-                severity = "critical" if group["stalled"] else "ok" if group["op"] is None \
-                    else "info"
+                stalled = group["stalled"] and verdict is None  # a daemon without the verdict
+                severity = "critical" if stalled else "ok" if group["op"] is None \
+                    and not group["stalled"] else "info"
                 findings.append(Finding(self.name, severity, group["summary"], group))
             slow = job.get("slowdown")
             if slow:  # a warning with its cause (TCP loss), else shown for what it is

@@ -23,9 +23,18 @@ MAX_WHERE = 120  # characters of the `where` label
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 
 
-def _library(frame: Frame) -> bool:
+def library(frame: Frame) -> bool:
     return any(part in frame.file for part in _LIBRARY) or frame.module.startswith(
         ("torch.", "llmmon_reporter"))
+
+
+def outside_torch(stack: tuple[Frame, ...] | None) -> bool:
+    """The training thread's innermost Python frame is not torch's (the job's own code, or
+    the standard library it called: a sleep, a lock): it waits on no collective, whatever the
+    Flight Recorder has in flight for it (an asynchronous one it has not waited on yet).  A
+    wait in C++ under torch (a Work, autograd's engine waiting on DDP's reductions) leaves a
+    torch frame innermost."""
+    return bool(stack) and not stack[0].module.startswith("torch")  # type: ignore[index]
 
 
 def where(stack: tuple[Frame, ...] | None) -> str:
@@ -33,7 +42,7 @@ def where(stack: tuple[Frame, ...] | None) -> str:
     the innermost frame of the job's own code, and the library call it is in."""
     if not stack:
         return ""
-    index = next((i for i, f in enumerate(stack) if not _library(f)), 0)
+    index = next((i for i, f in enumerate(stack) if not library(f)), 0)
     own = stack[index]
     text = f"{own.function} ({os.path.basename(own.file)}:{own.line})"
     if index > 0:

@@ -334,6 +334,63 @@ class RankView:
 
 
 @dataclass(frozen=True)
+class JobVerdict:
+    """One verdict per job, whatever the number of its groups: the root ranks (waiting on
+    nothing, with what they do), every other rank's wait, or the cycle they wait in."""
+
+    job_id: str
+    stalled: bool
+    roots: tuple[int, ...]
+    graph: waitfor.Graph
+    said: Mapping[int, str]  # root -> what it does, in words
+    groups_of: Mapping[int, str]  # root -> its groups, in words
+    fallback: str  # a stalled group's own sentence, where the graph names no root
+
+    def json(self) -> dict[str, Any]:
+        return {"stalled": self.stalled, "roots": list(self.roots),
+                "cycle": list(self.graph.cycle), "remote": self.graph.remote,
+                "waits": [w.json() for ws in self.graph.waits.values() for w in ws],
+                "summary": self.summary()}
+
+    def summary(self) -> str:
+        """`rank 1 (group 3 mesh_tp {0,1}; group 2 mesh_dp {1,3}) is in stuck_forever
+        (job.py:70), no CPU for 40 s; rank 0 waits in all_reduce #6 (group 3, mesh_tp) for
+        rank 1; ...`; empty while the job is not stalled."""
+        if not self.stalled:
+            return ""
+        head = f"job {self.job_id}: "
+        roots = [f"rank {r} ({self.groups_of[r]}) " + (self.said.get(r) or "waits on nothing")
+                 .replace("it is ", "is ", 1) for r in self.roots]
+        waits = self._waits_text()
+        if roots:
+            return head + "; ".join(roots + waits)
+        if self.graph.cycle:
+            ring = ", ".join(str(r) for r in self.graph.cycle)
+            return (head + f"ranks {ring} wait on each other, each inside another group's "
+                    "operation: a deadlock of the program's order; " + "; ".join(waits))
+        return self.fallback or head + "; ".join(waits)
+
+    def _waits_text(self) -> list[str]:
+        """`ranks 0–2 wait in all_reduce #6 (group 3, mesh_tp) for rank 1`, one clause per
+        operation and ranks waited on; a rank waited on that waits too is marked so (it is
+        not blamed)."""
+        alike: dict[tuple[str, tuple[int, ...], bool], list[int]] = {}
+        for rank, waits in self.graph.waits.items():
+            if rank not in self.roots:
+                wait = waits[0]
+                alike.setdefault((wait.where, wait.on, wait.remote), []).append(rank)
+        clauses = []
+        for (where, on, remote), ranks in alike.items():
+            targets = [f"rank {r}" + ("" if r in self.roots else " (waiting too)") for r in on]
+            if remote:
+                targets.append("ranks on other nodes")
+            who = f"ranks {spans_text(ranks)} wait" if len(ranks) > 1 else f"rank {ranks[0]} waits"
+            clauses.append(f"{who} in {where}" + (f" for {', '.join(targets)}" if targets
+                                                    else ", which every member entered"))
+        return clauses
+
+
+@dataclass(frozen=True)
 class JobEvidence:
     """One job's ranks on this node, the verdict on each of its groups, and how it ended."""
 
@@ -343,6 +400,7 @@ class JobEvidence:
     end: dict[str, Any] | None  # llmmon.ranks.ending.verdict
     enqueue_lag: Mapping[str, Mapping[int, float]]  # pg -> rank -> seconds late
     slowdown: dict[str, Any] | None  # llmmon.ranks.slowdown.verdict
+    verdict: JobVerdict
 
     @property
     def stalled_groups(self) -> list[str]:
@@ -356,7 +414,8 @@ class JobEvidence:
                 "enqueue_lag": {pg: {str(r): v for r, v in lag.items()}
                                 for pg, lag in self.enqueue_lag.items()},
                 "slowdown": self.slowdown,
-                "stalled_groups": self.stalled_groups}
+                "stalled_groups": self.stalled_groups,
+                "verdict": self.verdict.json()}
 
 
 @dataclass(frozen=True)
@@ -497,9 +556,7 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float, limits: StallThreshold
     behind here that waits inside another group's operation (`graph`) is not to blame here."""
     st = _standing(job, pg, now, limits)
     waiting = waiting_ranks(st.progress, st.seq)
-    elsewhere = {r: other[0].where for r in behind_ranks(st.progress, st.seq)
-                 if (other := [w for w in graph.waits.get(r, ()) if w.pg != pg])}
-    behind = tuple(r for r in behind_ranks(st.progress, st.seq) if r not in elsewhere)
+    behind, elsewhere = _behind(st, pg, graph)
     stopped = tuple(sorted(r for r, d in st.doing.items() if d.stopped))
     learned = pace.pace(st.members, pg, limits.stall_floor, limits.stall_after,
                         limits.stall_factor)
@@ -528,17 +585,31 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float, limits: StallThreshold
         end=job.end)
 
 
+def _behind(st: _Standing, pg: str, graph: waitfor.Graph
+            ) -> tuple[tuple[int, ...], dict[int, str]]:
+    """The ranks behind in group `pg` to blame, and those that are behind as they wait inside
+    another group's operation (with where)."""
+    elsewhere = {r: other[0].where for r in behind_ranks(st.progress, st.seq)
+                 if (other := [w for w in graph.waits.get(r, ()) if w.pg != pg])}
+    return tuple(r for r in behind_ranks(st.progress, st.seq) if r not in elsewhere), elsewhere
+
+
 def _graph(job: _Job, pgs: list[str]) -> waitfor.Graph:
     """The job's waits on this node: collectives in flight by the Flight Recorder, and what
-    the frames of the ranks show them blocked in where it shows nothing."""
+    the frames of the ranks show them blocked in where it shows nothing.  A rank whose frames
+    show its thread outside torch waits on nothing: what it has in flight is asynchronous,
+    and it is stuck before waiting on it."""
     waits: list[waitfor.Wait] = []
+    outside = {_rank(t) for t in job.tracks
+               if not t.state.blocked and culprit.outside_torch(t.state.stack)}
     for pg in pgs:
         members = [t for t in job.tracks if pg in t.state.progress]
         progress = {_rank(t): t.state.progress[pg] for t in members}
         issued = {_rank(t): entry.coll for t in members
                   if (entry := t.index.get(pg, {}).get(progress[_rank(t)].completed + 1))}
         meta = next((t.groups()[pg] for t in members if pg in t.groups()), None)
-        waits += waitfor.collective_waits(pg, meta, progress, issued)
+        waits += [w for w in waitfor.collective_waits(pg, meta, progress, issued)
+                  if w.rank not in outside]
     recorded: dict[int, set[str]] = {}
     for wait in waits:
         recorded.setdefault(wait.rank, set()).add(wait.pg)
@@ -571,7 +642,35 @@ def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: flo
     loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
     ranks = tuple(_rank_view(job, t, now, limits) for t in tracks)
     slow = None if job.end else slowdown.verdict(job_id, [g.json() for g in groups], lags, loss)
-    return JobEvidence(job_id, ranks, groups, job.end, lags, slow)
+    return JobEvidence(job_id, ranks, groups, job.end, lags, slow,
+                       _job_verdict(job_id, job, groups, graph, now, limits))
+
+
+def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],
+                 graph: waitfor.Graph, now: float, limits: StallThresholds) -> JobVerdict:
+    """The roots: ranks the waits lead to, and those the stalled groups blame that wait on
+    nothing (a rank stopped inside an operation is a root though the recorder has it wait)."""
+    stalled = [g for g in groups if g.stalled and g.end is None]
+    blamed = {r for g in stalled for r in g.behind + g.stale + g.quiet_ranks
+              + tuple((g.desync or {}).get("odd", ()))}
+    stopped = {r for g in stalled for r in g.stopped}
+    roots = tuple(sorted((set(graph.roots) | blamed) - set(graph.waits) | stopped)) \
+        if stalled else ()
+    window = max((g.stalled_seconds for g in stalled), default=1.0)
+    tracks = {_rank(t): t for t in job.tracks}
+    said = {r: job.doing(tracks[r], now, max(window, 1.0), limits).text(
+        max(window, 1.0), job.report_age(r, now)) for r in roots if r in tracks}
+    return JobVerdict(job_id, bool(stalled), roots, graph, said,
+                      {r: _groups_text(groups, r) for r in roots},
+                      stalled[0].summary() if stalled else "")
+
+
+def _groups_text(groups: tuple[GroupVerdict, ...], rank: int) -> str:
+    """`group 3 mesh_tp {0,1}; group 2 mesh_dp {1,3}`: the groups a rank is in, as the
+    verdict names them."""
+    return "; ".join(f"group {g.pg}" + (f" {g.meta.desc}" if g.meta and g.meta.desc else "")
+                     + (f" {{{g.ranks_label}}}" if g.ranks_label else "")
+                     for g in groups if rank in g.progress) or "no group"
 
 
 def _rank_view(job: _Job, track: RankTrack, now: float, limits: StallThresholds) -> RankView:
