@@ -261,6 +261,9 @@ def _window_clause(group: GroupVerdict) -> str:
 
 def _quiet_summary(head: str, group: GroupVerdict) -> str:
     """A group with nothing in flight whose ranks here have enqueued nothing for too long."""
+    if not group.quiet_ranks:
+        return (f"{head}: nothing in flight (last completed #{group.last_completed}); its ranks "
+                "here wait inside other groups' operations (see the job's verdict)")
     stopped = "stopped or " if group.stopped else ""
     text = (f"{head}: nothing in flight, and no rank here enqueued a collective of any group "
             f"for {group.quiet_seconds:.0f} s (last completed #{group.last_completed}; "
@@ -579,7 +582,8 @@ def _verdict(job_id: str, job: _Job, pg: str, now: float, limits: StallThreshold
         stalled_seconds=round(st.stuck, 3), quiet_seconds=round(quiet, 3),
         quiet_ranks=quiet_ranks, pace=learned, gap=slowdown.group_pace(st.members, pg, now),
         threshold_seconds=round(learned.threshold, 3), ceiling_seconds=limits.stall_after,
-        stalled=stalled or quiet_stalled(quiet, learned.threshold, idle_busy),
+        stalled=stalled or bool(quiet_ranks) and quiet_stalled(quiet, learned.threshold,
+                                                               idle_busy),
         doing={r: st.doing[r] for r in named},
         said={r: st.doing[r].text(st.window, job.report_age(r, now)) for r in named},
         end=job.end)

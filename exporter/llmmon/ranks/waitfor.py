@@ -85,13 +85,13 @@ def frame_waits(rank: int, blocked: tuple[PeerWait, ...], groups: Mapping[str, G
                 recorded: Iterable[str]) -> list[Wait]:
     """What the rank's frames show it blocked in, where the Flight Recorder shows nothing in
     flight: a send or receive waits on its peer; a collective (of a group not `recorded` in
-    flight) on nobody known."""
+    flight; a functional collective's wait names no group) on nobody known."""
     recorded = set(recorded)
     waits = []
     for item in blocked:
         group = groups.get(item.pg)
-        if item.peer is None and item.pg in recorded:
-            continue  # the recorder's wait on the same group says more
+        if item.peer is None and (item.pg in recorded or not item.pg and recorded):
+            continue  # the recorder's wait (on this group, or on one a wait names none of) says more
         on = () if item.peer is None or item.peer == rank else (item.peer,)
         waits.append(Wait(rank, item.pg, group.desc if group else "", item.op, on, False,
                           "frames"))

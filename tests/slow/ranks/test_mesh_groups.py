@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.ranks.jobs import Job, base_env, job_doc, looks, make_collector
+from llmmon.collectors.ranks import RanksCollector
+from tests.ranks.jobs import Job, base_env, by_rank, job_doc, looks, make_collector, scrape
 
 def _ticks(spool: Path, rank: int) -> int:
     """How many ticks rank `rank`'s reporter has written (its state file)."""
@@ -99,5 +100,28 @@ def test_a_rank_stuck_before_its_tp_collective_stays_waited_for_in_its_tp_group(
             wait_for(many_reads_later, 240, "30 more reporter ticks of rank 0")
             wait_for(lambda: (tp_group_waits() or {}).get("op", {}).get("coll") == "all_reduce",
                      60, "the tp all-reduce named as what rank 0 waits in")
+            verdict = wait_for(lambda: _one_root(collector, seen), 120,
+                               "one verdict naming rank 1 as the root")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nseen {seen}\n{looks(collector, job)}") from None
+        assert verdict["summary"].startswith("job "), verdict
+        assert "stuck_forever" in verdict["summary"], verdict
+        assert "rank 1 (group " in verdict["summary"] and "mesh_tp" in verdict["summary"]
+        waits = {w["rank"]: (w["pg_desc"], w["on"]) for w in verdict["waits"]}
+        assert waits == {0: ("mesh_tp", [1]), 2: ("mesh_dp", [0]), 3: ("mesh_dp", [1])}, waits
+        samples = scrape(collector)[0]
+        assert by_rank(samples, "llmmon_rank_waiting") == {0: 1, 1: 0, 2: 1, 3: 1}
+
+
+def _one_root(collector: RanksCollector, seen: dict) -> dict | None:
+    """The job's verdict once it is stalled with rank 1 alone as its root, and no group blames
+    another rank (rank 0 is behind in its dp group only because it waits in tp)."""
+    doc = job_doc(collector)
+    verdict = doc["verdict"] if doc else {}
+    seen["verdict"] = verdict
+    blamed = {r for g in (doc or {}).get("groups", []) if g["stalled"]
+              for r in g["behind"] + g["stopped"] + g["quiet_ranks"]}
+    seen["blamed"] = blamed
+    ok = verdict.get("stalled") and verdict["roots"] == [1] and blamed <= {1} \
+        and len(verdict["waits"]) == 3
+    return verdict if ok else None
