@@ -194,10 +194,10 @@ class Sighting:
                 "blamed_wrong": sorted(self.blamed_wrong)}
 
 
-RANK_RE = re.compile(r"\brank (\d+)\b(?!\s+waits?\b)", re.IGNORECASE)
+RANK_RE = re.compile(r"\brank (\d+)\b(?!\s+waits?\b|\s+\(waiting too\))", re.IGNORECASE)
 
 
 def ranks_in(text: str) -> set[int]:
-    """Ranks a line blames: every singular `rank N` in it, except `rank N waits` (a waiter, as
-    the plural `ranks 0-2 wait` are)."""
+    """Ranks a line blames: every singular `rank N` in it, except `rank N waits` and `rank N
+    (waiting too)` (waiters, as the plural `ranks 0-2 wait` are)."""
     return {int(m) for m in RANK_RE.findall(text)}

@@ -59,16 +59,21 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                     down.add(rank["rank"])
                     lines.append(f"{node}: rank {rank['rank']} down, report age "
                                  f"{rank.get('report_age_seconds')} s")
+            verdict = job.get("verdict")
+            if verdict is not None:  # the job's one verdict: its roots are whom it blames
+                if verdict.get("stalled"):
+                    lines.append(f"{node}: {verdict['summary']}")
+                    blamed |= set(verdict.get("roots", []))
             for group in job.get("groups", []):
-                if group.get("stalled"):
+                if group.get("stalled") and verdict is None:
                     lines.append(f"{node}: {group.get('summary')}")
                     blamed |= set(group.get("behind", [])) | set(group.get("stale", [])) | \
                         set((group.get("desync") or {}).get("odd", [])) | \
                         set(group.get("stopped", []))
                     quiet |= set(group.get("quiet_ranks", []))
             # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
-            # slow import shows up there); what blames a rank is in its groups and its exit.
-            described = {**job, "groups": None, "ranks": [
+            # slow import shows up there); what blames a rank is in the verdict and its exit.
+            described = {**job, "groups": None, "verdict": None, "ranks": [
                 {k: v for k, v in rank.items() if k not in ("doing", "stack")}
                 for rank in job.get("ranks", [])]}
             for text in _strings(described, VERDICT_KEYS):
@@ -77,6 +82,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
             for group in job.get("groups", []):  # a group that is not stalled claims nothing
                 for text in _strings(group, VERDICT_KEYS) if group.get("stalled") else ():
                     lines.append(f"{node}: {text}")
+                if group.get("stalled") and verdict is not None:
+                    lines.append(f"{node}: {group.get('summary')}")
     if up:  # some ranks still report: the silent ones are suspects
         blamed |= down
     return "\n".join(lines), _job_ended(blamed, world) | quiet

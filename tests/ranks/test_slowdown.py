@@ -11,7 +11,7 @@ import pytest
 
 from llmmon.collectors.ranks import RanksCollector
 from llmmon.metrics import Families
-from llmmon.ranks import slowdown, stall, validate
+from llmmon.ranks import dimension, slowdown, stall, validate
 from llmmon.ranks.ledger import Enqueued, Ledger, RankTrack
 from llmmon.ranks.netns import Loss
 from tests.conftest import FIXTURES
@@ -214,3 +214,25 @@ def test_a_group_in_flight_most_of_the_time_before_is_read_only_when_it_falls(
         inside: tuple[float, float], added: float | None) -> None:
     pace = slowdown.GroupPace(0.8, "status", 0.2, 2, *inside)
     assert pace.added_inside == added
+
+
+@pytest.mark.parametrize("desc,dim,kind", [
+    ("mesh_tp", "tp", "tensor"), ("mesh_dp_shard", "dp_shard", "data"),
+    ("mesh_dp_replicate", "dp_replicate", "data"), ("mesh_pp", "pp", "pipeline"),
+    ("mesh_ep", "ep", "expert"), ("mesh_cp", "cp", "context"), ("default_pg", "world", "world"),
+    ("pair", "pair", "")])
+def test_a_group_is_named_by_the_mesh_dimension_it_carries(desc: str, dim: str,
+                                                            kind: str) -> None:
+    assert dimension.of(desc) == dim and dimension.kind(dim) == kind
+
+
+def test_a_slow_tensor_parallel_group_points_at_nvlink_and_a_slow_dp_one_at_the_network(
+        ) -> None:
+    """The seed's rule: tensor parallel stays inside a node, the other dimensions cross it."""
+    tp = {**_group("3", 0.7, 0.21, inside=(0.7, 0.05), size=2), "dimension": "tp"}
+    found = slowdown.verdict("job", [tp], {}, None)
+    assert "group 3 (tp)" in found["summary"] and "NVLink" in found["summary"], found
+    dp = {**_group("1", 0.7, 0.21, inside=(0.7, 0.05)), "dimension": "dp_shard"}
+    found = slowdown.verdict("job", [dp], {}, None)
+    assert "group 1 (dp_shard)" in found["summary"], found
+    assert "the network between the nodes" in found["summary"], found

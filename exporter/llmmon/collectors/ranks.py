@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from prometheus_client.core import Metric
 
-from llmmon.ranks import dumps, stall
+from llmmon.ranks import dimension, dumps, stall
 from llmmon.collector import Collector, Context, RouteError
 from llmmon.metrics import Families, MetricSpec
 from llmmon.options import Option
@@ -107,8 +107,11 @@ BUS_BYTES = MetricSpec(
 MISSED = _rank("llmmon_nccl_entries_missed_total", "counter",
                "Flight Recorder records the daemon never read: they left the ring between two "
                "reads, or the reporter left them out (a tick ships at most the 500 newest).")
-PG_INFO = MetricSpec("llmmon_nccl_pg_info", "info", "A process group of a job.",
-                     ("job_id", "pg", "pg_desc", "size", "ranks"))
+PG_INFO = MetricSpec("llmmon_nccl_pg_info", "info",
+                     "A process group of a job; `dimension` is the mesh dimension it carries "
+                     "(tp, dp_shard, pp, ep, ... from torch's mesh_<dim> description; world for "
+                     "the default group).",
+                     ("job_id", "pg", "pg_desc", "size", "ranks", "dimension"))
 DUMPS_REQUESTED = MetricSpec(
     "llmmon_nccl_dumps_requested_total", "counter",
     "Flight Recorder dumps the daemon requested: a group stopped progressing, or a "
@@ -528,7 +531,8 @@ class RanksCollector(Collector):
                 if pg not in seen:
                     seen.add(pg)
                     families.add(PG_INFO, [job, pg, group.desc, str(group.size),
-                                           stall.group_ranks(group)], 1)
+                                           stall.group_ranks(group), dimension.of(group.desc)],
+                                 1)
 
     @staticmethod
     def _rank_families(families: Families, track: RankTrack, now: float,

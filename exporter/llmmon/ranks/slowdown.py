@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any, Iterable
 
-from llmmon.ranks import pace
+from llmmon.ranks import dimension, pace
 from llmmon.ranks.ledger import RankTrack
 from llmmon.ranks.netns import Loss
 
@@ -158,11 +158,11 @@ class _Slowed:
     text: str  # what every summary starts with: the pace now and before
     added: float | None  # GroupPace.added_inside
     local: bool  # every rank of the group is on this node: no network between nodes
+    dim: str  # the group's mesh dimension (llmmon.ranks.dimension)
 
     @property
     def between(self) -> str:
-        return ("the transport between this node's ranks" if self.local
-                else "the network between the nodes")
+        return dimension.link(self.dim, self.local)
 
 
 def _slowest_even(groups: list[dict[str, Any]], lags: dict[str, dict[int, float]]
@@ -179,8 +179,10 @@ def _slowest_even(groups: list[dict[str, Any]], lags: dict[str, dict[int, float]
 
 def _read(job_id: str, group: dict[str, Any]) -> _Slowed:
     gap = group["gap"]
-    text = (f"job {job_id} runs {gap['ratio']:.1f}x slower than its own pace: group "
-            f"{group['pg']} enqueues a collective every {gap['recent_seconds']:.2f} s, every "
+    dim = group.get("dimension", "")
+    name = group["pg"] + (f" ({dim})" if dim else "")
+    text = (f"job {job_id} runs {gap['ratio']:.1f}x slower than its own pace: group {name} "
+            f"enqueues a collective every {gap['recent_seconds']:.2f} s, every "
             f"{gap['baseline_seconds']:.2f} s before, and every local rank enters them on time")
     added = gap.get("added_inside_share")
     if added is not None:
@@ -189,7 +191,7 @@ def _read(job_id: str, group: dict[str, Any]) -> _Slowed:
                  f"{gap['inside_share_before']:.0%} before: {added:.0%} of the added time is "
                  "spent inside the collectives")
     local = group.get("size") is not None and group["size"] <= len(group.get("local_ranks", ()))
-    return _Slowed(text, added, local)
+    return _Slowed(text, added, local, dim)
 
 
 def _lossy(slowed: _Slowed, loss: Loss | None) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Mapping
 
-from llmmon.ranks import culprit, desync, ending, pace, slowdown, waitfor
+from llmmon.ranks import culprit, desync, dimension, ending, pace, slowdown, waitfor
 from llmmon.ranks.culprit import Doing
 from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Ledger, RankTrack
@@ -169,6 +169,7 @@ class GroupVerdict:
         meta, ordered = self.meta, sorted(self.progress.items())
         return {
             "job_id": self.job_id, "pg": self.pg, "pg_desc": meta.desc if meta else "",
+            "dimension": dimension.of(meta.desc) if meta else "",
             "size": meta.size if meta else None,
             "ranks": self.ranks_label,
             "local_ranks": sorted(self.progress),
