@@ -110,12 +110,15 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
     assert dump["pg_status"]["0"]["last_enqueued_collective"] == "20"
 
     assert text.returncode == 1, text.stderr
-    assert "[CRIT] ranks: job llama-hang, group 0 (default_pg): ranks 0–1 wait in " \
-           "all_reduce #21" in text.stdout
+    # one [CRIT] for the job: its root, then who waits for it; the group's sentence as evidence
+    assert "[CRIT] ranks: job llama-hang: rank 2 (group 0 default_pg {0-2}) is in " \
+        in text.stdout, text.stdout
+    assert "ranks 0–1 wait in all_reduce #21 (group 0, default_pg) for rank 2" in text.stdout
     assert "rank 2 never enqueued it (last enqueued #20)" in text.stdout
+    assert text.stdout.count("[CRIT]") == 1, text.stdout
     findings = json.loads(from_spool.stdout)
     critical = [f for f in findings if f["severity"] == "critical"]
-    assert [f["evidence"]["behind"] for f in critical] == [[2]]
+    assert [f["evidence"]["roots"] for f in critical] == [[2]]
     requested = [f for f in findings if "dump" in f["evidence"]]
     assert requested[0]["evidence"]["dump"] == {"0": "requested", "1": "requested",
                                                 "2": "requested"}
