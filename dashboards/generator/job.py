@@ -23,7 +23,15 @@ from dashboards.generator.panels import (
 
 RANK = "{{job_id}} rank {{rank}}"
 RANK_PG = "{{job_id}} rank {{rank}} {{pg}}"
-PG = "{{job_id}} {{pg}}"
+PG = "{{job_id}} {{pg}} {{dimension}}"
+
+
+def with_dimension(expr: str) -> str:
+    """Per-group `expr` with the mesh dimension its group carries (tp, dp_shard, pp, ep,
+    world), for legends in the job's parallelism; a group with no llmmon_nccl_pg_info keeps
+    its series, without one."""
+    return (f"({expr}) * on (cluster, job_id, pg) group_left (dimension) max by (cluster, "
+            f"job_id, pg, dimension) ({m('llmmon_nccl_pg_info', 'job_id')}) or ({expr})")
 MFU_STEPS = ((None, "red"), (limits.get("mfu_low"), "yellow"), (0.5, "green"))
 # Reference bus bandwidth of a 1 GB all-reduce (docs/design.md#reference-bus-bandwidth): the low
 # end of 8x400G RoCEv2, of H100 8x400G InfiniBand NDR and of H100 NVLink.
@@ -77,8 +85,9 @@ def time_since_progress(**size):
         "Time since last progress, per process group", "Seconds since any rank of the group "
         "last completed a collective. It saws up and down while training; a line climbing "
         "past the dashed hang window is a hang (LLMTrainingHang).", units.Seconds,
-        Query("time() - max by (cluster, job_id, pg) "
-              f"({m('llmmon_nccl_last_progress_timestamp_seconds', 'job_id')})", PG),
+        Query(with_dimension("time() - max by (cluster, job_id, pg) "
+                             f"({m('llmmon_nccl_last_progress_timestamp_seconds', 'job_id')})"),
+              PG),
         steps=((None, "green"), (limits.get("hang_window_seconds"), "red")), **size)
 
 
@@ -95,8 +104,8 @@ def completed_seq(**size):
         "Completed collectives per process group", "Sequence number of the last collective "
         "the group completed: a rising staircase while training, flat during a hang.",
         units.NoUnit,
-        Query(f"max by (cluster, job_id, pg) ({m('llmmon_nccl_last_completed_seq', 'job_id')})",
-              PG), **size)
+        Query(with_dimension("max by (cluster, job_id, pg) "
+                             f"({m('llmmon_nccl_last_completed_seq', 'job_id')})"), PG), **size)
 
 
 def oldest_inflight(**size):
@@ -134,7 +143,8 @@ def busbw(**size):
         "timing mode). Reference for a 1 GB all-reduce: 8x400G RoCEv2 280-360 GB/s after "
         "tuning, H100 8x400G InfiniBand NDR 320-380 GB/s, H100 NVLink 380-420 GB/s (dashed: "
         "280, 320, 380). Small collectives never reach these.", units.BytesPerSecondSI,
-        Query(m("job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m", "job_id"), PG),
+        Query(with_dimension(m("job_id_pg:llmmon_nccl_busbw_bytes_per_second:rate1m", "job_id")),
+              PG),
         steps=BUSBW_STEPS, min_value=0, **size)
 
 
