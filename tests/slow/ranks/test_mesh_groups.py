@@ -125,3 +125,35 @@ def _one_root(collector: RanksCollector, seen: dict) -> dict | None:
     ok = verdict.get("stalled") and verdict["roots"] == [1] and blamed <= {1} \
         and len(verdict["waits"]) == 3
     return verdict if ok else None
+
+
+OPS_TRAINER = Path(__file__).parents[2] / "ranks" / "opstrainer.py"
+# (coll, dtype) -> bytes the group moved, by nccl-tests' rules: inputs of reductions and
+# all-to-all, outputs of gathers; gloo (torch 2.13) records a reduce-scatter as an all-reduce
+# and the functional all-gather's output with its input's shape
+OPS_BYTES = {("all_reduce", "Float"): (12 + 8 + 5 + 4 + 4) * 4,
+             ("all_gather", "Float"): (2 + 8) * 4, ("all_to_all", "Float"): (4 + 4) * 4}
+
+
+def test_coalesced_functional_and_fsdp_collectives_are_each_counted_in_their_group(
+        tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    collector = make_collector(spool, tmp_path)
+    with Job(tmp_path, 2, [], base_env(LLMMON_SPOOL=str(spool)), script=OPS_TRAINER) as job:
+        for rank in range(2):
+            job.result(rank)
+        seen: dict = {}
+
+        def counted() -> bool:
+            samples = scrape(collector)[0]
+            seen["completed"] = by_rank(samples, "llmmon_nccl_last_completed_seq", pg="1")
+            seen["bytes"] = {(dict(k)["coll"], dict(k)["dtype"]): v for (name, k), v
+                             in samples.items() if name == "llmmon_nccl_collective_bytes_total"
+                             and dict(k)["rank"] == "0" and dict(k)["pg"] == "1"}
+            return seen["completed"] == {0: 9, 1: 9} and seen["bytes"] == OPS_BYTES
+
+        try:
+            wait_for(counted, 120, "nine collectives of group 1 counted with their bytes")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nseen {seen}\n{looks(collector, job)}") from None
