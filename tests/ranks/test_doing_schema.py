@@ -156,3 +156,21 @@ def test_a_malformed_exit_collective_is_dropped_and_the_end_still_counts() -> No
     assert state.exit is not None and state.exit.collective is None
     assert state.progress["0"].completed == 5
     assert notes.dropped
+
+
+def test_a_light_rank_is_not_said_idle_for_longer_than_since_it_last_enqueued() -> None:
+    """Under 2 % of a core the reporter never marks the CPU active: the rank's own progress,
+    noted by the daemon, says it ran."""
+    from llmmon.ranks.culprit import doing
+    from llmmon.ranks.ledger import RankTrack
+
+    activity = {"cpu_seconds": 1.0, "read_bytes": 0, "written_bytes": 0,
+                "voluntary_switches": 0, "involuntary_switches": 0,
+                "cpu_active_ns": 1_000 * 10**9, "io_active_ns": 1_000 * 10**9}
+    track = RankTrack(parsed(activity=activity), mtime=1_060.0)
+    track.note_progress(1_000.0)
+    track.state = parsed(activity=activity, status={"pg_status": {"0": {
+        "last_enqueued_collective": 99, "last_completed_collective": 98}}})
+    track.note_progress(1_033.0)  # it enqueued #99 at 1033 s, its CPU "last active" at 1000 s
+    seen = doing(track, None, 1_060.0, 60.0, 30.0)
+    assert seen.cpu_idle == 27.0, seen

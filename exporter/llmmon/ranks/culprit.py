@@ -122,6 +122,11 @@ def doing(track: RankTrack, process: Process | None, now: float, window: float,
                     track.activity[0][1] if track.activity else activity)
         read = float(activity.read_bytes - base.read_bytes)
         written = float(activity.written_bytes - base.written_bytes)
+    moved = max((n for pg in track.state.progress
+                 for n in (track.last_progress(pg), track.last_enqueue(pg)) if n), default=None)
+    if cpu_idle is not None and moved is not None:
+        # a light rank (under CPU_ACTIVE) that enqueued a collective was running then
+        cpu_idle = min(cpu_idle, max(0.0, now - moved))
     fresh = track.age(now) <= stale_after and not stopped
     busy = fresh and min(v for v in (cpu_idle, io_idle, float("inf")) if v is not None) \
         < BUSY_WITHIN
