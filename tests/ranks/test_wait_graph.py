@@ -26,7 +26,7 @@ def test_fsdp_tp_hang_has_one_root_and_the_victims_wait_on_it_or_on_each_other()
     assert found.roots == (1,) and found.cycle == () and not found.remote
     assert {r: [w.on for w in ws] for r, ws in found.waits.items()} == \
         {0: [(1,)], 3: [(1,)], 2: [(0,)]}
-    assert found.waits[0][0].where == "all_reduce #6 (group 3, mesh_tp)"
+    assert found.waits[0][0].where == "tp all_reduce #6 (group 3)"
 
 
 def test_a_pipeline_stage_waits_on_its_peer_through_its_frames() -> None:
@@ -34,7 +34,7 @@ def test_a_pipeline_stage_waits_on_its_peer_through_its_frames() -> None:
     waits = frame_waits(0, (PeerWait("recv", 1, "5"),), {"5": Group("mesh_pp", 2, ((0, 1),))},
                         ())
     found = graph(waits, [0, 1])
-    assert found.roots == (1,) and found.waits[0][0].where == "recv (group 5, mesh_pp)"
+    assert found.roots == (1,) and found.waits[0][0].where == "pp recv (group 5)"
 
 
 def test_a_collective_the_recorder_has_in_flight_is_not_counted_again_from_frames() -> None:

@@ -357,9 +357,9 @@ class JobVerdict:
                 "summary": self.summary()}
 
     def summary(self) -> str:
-        """`rank 1 (group 3 mesh_tp {0,1}; group 2 mesh_dp {1,3}) is in stuck_forever
-        (job.py:70), no CPU for 40 s; rank 0 waits in all_reduce #6 (group 3, mesh_tp) for
-        rank 1; ...`; empty while the job is not stalled."""
+        """`rank 1 (dp group 2 {1,3}, tp group 3 {0-1}) is in stuck_forever (job.py:70), no
+        CPU for 40 s; rank 0 waits in tp all_reduce #6 (group 3) for rank 1; ...`; empty while
+        the job is not stalled."""
         if not self.stalled:
             return ""
         head = f"job {self.job_id}: "
@@ -375,7 +375,7 @@ class JobVerdict:
         return self.fallback or head + "; ".join(waits)
 
     def _waits_text(self) -> list[str]:
-        """`ranks 0–2 wait in all_reduce #6 (group 3, mesh_tp) for rank 1`, one clause per
+        """`ranks 0–2 wait in tp all_reduce #6 (group 3) for rank 1`, one clause per
         operation and ranks waited on; a rank waited on that waits too is marked so (it is
         not blamed)."""
         alike: dict[tuple[str, tuple[int, ...], bool], list[int]] = {}
@@ -671,10 +671,10 @@ def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],
 
 
 def _groups_text(groups: tuple[GroupVerdict, ...], rank: int) -> str:
-    """`group 3 mesh_tp {0,1}; group 2 mesh_dp {1,3}`: the groups a rank is in, as the
-    verdict names them."""
-    return "; ".join(f"group {g.pg}" + (f" {g.meta.desc}" if g.meta and g.meta.desc else "")
-                     + (f" {{{g.ranks_label}}}" if g.ranks_label else "")
+    """`tp group 3 {0-1}, dp group 2 {1,3}`: the groups a rank is in, by the mesh dimension
+    each carries."""
+    return ", ".join((f"{dimension.of(g.meta.desc)} " if g.meta and g.meta.desc else "")
+                     + f"group {g.pg}" + (f" {{{g.ranks_label}}}" if g.ranks_label else "")
                      for g in groups if rank in g.progress) or "no group"
 
 

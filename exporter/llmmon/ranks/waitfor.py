@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from llmmon.ranks import dimension
 from llmmon.ranks.validate import Group, PeerWait, Progress
 
 MAX_EXPANDED = 4096  # members of a group listed from its spans; larger groups are not expanded
@@ -34,8 +35,9 @@ class Wait:
 
     @property
     def where(self) -> str:
-        """`all_reduce #812 (group 3, mesh_tp)`."""
-        return f"{self.op} (group {self.pg}" + (f", {self.desc})" if self.desc else ")")
+        """`tp all_reduce #812 (group 3)`: the operation in the job's parallelism."""
+        dim = dimension.of(self.desc)
+        return (f"{dim} " if dim else "") + f"{self.op} (group {self.pg})"
 
     def json(self) -> dict[str, object]:
         return {"rank": self.rank, "pg": self.pg, "pg_desc": self.desc, "op": self.op,

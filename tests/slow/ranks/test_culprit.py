@@ -79,7 +79,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
     threshold = series(samples, "llmmon_nccl_stall_threshold_seconds", pg="0")
     assert list(threshold.values()) == [stalled["stall_threshold_seconds"]]
     assert diagnosed.returncode == 1, diagnosed.stdout + diagnosed.stderr
-    assert "[CRIT] ranks: job ckpt: rank 2 (group 0 default_pg {0-2}" in diagnosed.stdout
+    assert "[CRIT] ranks: job ckpt: rank 2 (world group 0 {0-2}" in diagnosed.stdout
     assert diagnosed.stdout.count("[CRIT]") == 1, diagnosed.stdout
     assert ": it is in load_next_batch (trainer.py:" in diagnosed.stdout
 

@@ -111,9 +111,9 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
 
     assert text.returncode == 1, text.stderr
     # one [CRIT] for the job: its root, then who waits for it; the group's sentence as evidence
-    assert "[CRIT] ranks: job llama-hang: rank 2 (group 0 default_pg {0-2}) is in " \
+    assert "[CRIT] ranks: job llama-hang: rank 2 (world group 0 {0-2}) is in " \
         in text.stdout, text.stdout
-    assert "ranks 0–1 wait in all_reduce #21 (group 0, default_pg) for rank 2" in text.stdout
+    assert "ranks 0–1 wait in world all_reduce #21 (group 0) for rank 2" in text.stdout
     assert "rank 2 never enqueued it (last enqueued #20)" in text.stdout
     assert text.stdout.count("[CRIT]") == 1, text.stdout
     findings = json.loads(from_spool.stdout)

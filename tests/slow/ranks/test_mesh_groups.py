@@ -106,7 +106,9 @@ def test_a_rank_stuck_before_its_tp_collective_stays_waited_for_in_its_tp_group(
             raise AssertionError(f"{exc}\nseen {seen}\n{looks(collector, job)}") from None
         assert verdict["summary"].startswith("job "), verdict
         assert "stuck_forever" in verdict["summary"], verdict
-        assert "rank 1 (group " in verdict["summary"] and "mesh_tp" in verdict["summary"]
+        assert "rank 1 (dp group 2 {1,3}, tp group 3 {0-1}) is in stuck_forever" \
+            in verdict["summary"], verdict
+        assert "rank 0 waits in tp all_reduce #6 (group 3) for rank 1" in verdict["summary"]
         waits = {w["rank"]: (w["pg_desc"], w["on"]) for w in verdict["waits"]}
         assert waits == {0: ("mesh_tp", [1]), 2: ("mesh_dp", [0]), 3: ("mesh_dp", [1])}, waits
         samples = scrape(collector)[0]
