@@ -66,13 +66,19 @@ def gpu(torch: Any, device: int) -> dict[str, str]:
     return {"uuid": uuid, "gpu_name": str(props.name)}
 
 
+def pod(env: Mapping[str, str]) -> str:
+    """POD_NAME (the downward API's metadata.name), else the host name: a hostNetwork pod, as
+    RDMA training pods usually are, has the node's host name, not its own."""
+    return env.get("POD_NAME", "").strip() or socket.gethostname()
+
+
 def identity(env: Mapping[str, str], rank: int, world_size: int) -> dict[str, Any]:
     return {
         "job_id": job_id(env),
         "rank": rank,
         "local_rank": local_rank(env, rank),
         "world_size": world_size,
-        "pod": socket.gethostname(),
+        "pod": pod(env),
         "namespace": env.get("POD_NAMESPACE", ""),
         "pid": os.getpid(),
         "uuid": "",
