@@ -601,12 +601,13 @@ def _behind(st: _Standing, pg: str, graph: waitfor.Graph
 
 def _graph(job: _Job, pgs: list[str]) -> waitfor.Graph:
     """The job's waits on this node: collectives in flight by the Flight Recorder, and what
-    the frames of the ranks show them blocked in where it shows nothing.  A rank whose frames
-    show its thread outside torch waits on nothing: what it has in flight is asynchronous,
-    and it is stuck before waiting on it."""
+    the frames of the ranks show them blocked in where it shows nothing.  A CPU rank whose
+    frames show its thread outside torch waits on nothing: what it has in flight is
+    asynchronous, and it is stuck before waiting on it.  A GPU rank's thread blocked in a CUDA
+    synchronisation (`.item()`) looks the same from its frames, so its recorder's waits stand."""
     waits: list[waitfor.Wait] = []
-    outside = {_rank(t) for t in job.tracks
-               if not t.state.blocked and culprit.outside_torch(t.state.stack)}
+    outside = {_rank(t) for t in job.tracks if not t.state.identity.uuid
+               and not t.state.blocked and culprit.outside_torch(t.state.stack)}
     for pg in pgs:
         members = [t for t in job.tracks if pg in t.state.progress]
         progress = {_rank(t): t.state.progress[pg] for t in members}
