@@ -63,7 +63,8 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
             if verdict is not None:  # the job's one verdict: its roots are whom it blames
                 if verdict.get("stalled"):
                     lines.append(f"{node}: {verdict['summary']}")
-                    blamed |= set(verdict.get("roots", []))
+                    (quiet if QUIET in verdict["summary"] else blamed).update(
+                        verdict.get("roots", []))
             for group in job.get("groups", []):
                 if group.get("stalled") and verdict is None:
                     lines.append(f"{node}: {group.get('summary')}")

@@ -349,6 +349,7 @@ class JobVerdict:
     said: Mapping[int, str]  # root -> what it does, in words
     groups_of: Mapping[int, str]  # root -> its groups, in words
     fallback: str  # a stalled group's own sentence, where the graph names no root
+    quiet: float  # seconds no rank here enqueued anything, when that is what stalled the job
 
     def json(self) -> dict[str, Any]:
         return {"stalled": self.stalled, "roots": list(self.roots),
@@ -366,6 +367,10 @@ class JobVerdict:
         roots = [f"rank {r} ({self.groups_of[r]}) " + (self.said.get(r) or "waits on nothing")
                  .replace("it is ", "is ", 1) for r in self.roots]
         waits = self._waits_text()
+        if roots and self.quiet and not waits:
+            head += (f"nothing in flight, and no rank here enqueued a collective of any group "
+                     f"for {self.quiet:.0f} s: every rank here is stuck before its next "
+                     "collective; ")
         if roots:
             return head + "; ".join(roots + waits)
         if self.graph.cycle:
@@ -666,9 +671,10 @@ def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],
     tracks = {_rank(t): t for t in job.tracks}
     said = {r: job.doing(tracks[r], now, max(window, 1.0), limits).text(
         max(window, 1.0), job.report_age(r, now)) for r in roots if r in tracks}
+    quiet = max((g.quiet_seconds for g in stalled if g.outstanding is None), default=0.0)
     return JobVerdict(job_id, bool(stalled), roots, graph, said,
                       {r: _groups_text(groups, r) for r in roots},
-                      stalled[0].summary() if stalled else "")
+                      stalled[0].summary() if stalled else "", quiet)
 
 
 def _groups_text(groups: tuple[GroupVerdict, ...], rank: int) -> str:

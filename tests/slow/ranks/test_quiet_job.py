@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.helpers import wait_for
-from tests.ranks.jobs import Job, base_env, group_doc, scrape, series, watched_collector
+from tests.ranks.jobs import Job, base_env, group_doc, job_doc, scrape, series, watched_collector
 
 LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300"]
 
@@ -49,6 +49,7 @@ def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path:
                         return group if group and group["stalled"] else None
                     return probe
                 loader = wait_for(stalled("solo"), 600, "the stuck one-rank job to stall")
+                verdict = job_doc(collector, "solo")["verdict"]
                 stopped = wait_for(stalled("frozen1"), 300, "the frozen one-rank job to stall")
                 samples, _, _ = scrape(collector)
                 # one read of the spool has no history to time the quiet by; it does see the
@@ -70,6 +71,11 @@ def test_one_rank_jobs_stuck_before_a_collective_or_frozen_are_stalled(tmp_path:
         quiet = series(samples, "llmmon_nccl_quiet_seconds", job_id=group["job_id"], pg="0")
         assert list(quiet.values())[0] >= group["stall_threshold_seconds"], quiet
     assert "; rank 0 is in load_next_batch (trainer.py:" in loader["summary"], loader["summary"]
+    # the job's one verdict says the same: nobody waits, the rank is stuck before its next one
+    assert verdict["roots"] == [0] and verdict["waits"] == [], verdict
+    assert re.search(r"^job solo: nothing in flight, .*: every rank here is stuck before its "
+                     r"next collective; rank 0 \(world group 0 \{0\}\) is in load_next_batch",
+                     verdict["summary"]), verdict["summary"]
     assert ", sleeping, no CPU for " in loader["summary"]
     assert loader["doing"]["0"]["where"].startswith("load_next_batch (trainer.py:")
     assert stopped["stopped"] == [0]
