@@ -660,12 +660,12 @@ def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: flo
 def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],
                  graph: waitfor.Graph, now: float, limits: StallThresholds) -> JobVerdict:
     """The roots: ranks the waits lead to, and those the stalled groups blame that wait on
-    nothing (a rank stopped inside an operation is a root though the recorder has it wait)."""
+    nothing; a rank stopped inside an operation, or inside another one than its peers (a
+    desync's odd rank), is a root though the recorder has it wait."""
     stalled = [g for g in groups if g.stalled and g.end is None]
-    blamed = {r for g in stalled for r in g.behind + g.stale + g.quiet_ranks
-              + tuple((g.desync or {}).get("odd", ()))}
-    stopped = {r for g in stalled for r in g.stopped}
-    roots = tuple(sorted((set(graph.roots) | blamed) - set(graph.waits) | stopped)) \
+    blamed = {r for g in stalled for r in g.behind + g.stale + g.quiet_ranks}
+    forced = {r for g in stalled for r in g.stopped + tuple((g.desync or {}).get("odd", ()))}
+    roots = tuple(sorted((set(graph.roots) | blamed) - set(graph.waits) | forced)) \
         if stalled else ()
     window = max((g.stalled_seconds for g in stalled), default=1.0)
     tracks = {_rank(t): t for t in job.tracks}

@@ -27,8 +27,13 @@ def test_the_rank_that_issued_another_collective_is_named_with_what_each_issued(
                 return group if group and group["desync"] and group["issued"] else None
             group = wait_for(desynced, 240, "the desync", context=lambda: job_doc(collector))
             samples = scrape(collector)[0]
+            # the odd rank waits in its broadcast like its peers in their all-reduce: it is
+            # still the job's root, once the group is stalled
+            verdict = wait_for(lambda: (v := job_doc(collector)["verdict"])["stalled"] and v,
+                               240, "the job's verdict", context=lambda: job_doc(collector))
     found = group["desync"]
     assert found["odd"] == [1], group
+    assert verdict["roots"] == [1], verdict
     assert found["issued"]["1"].startswith("broadcast 256 B"), found
     assert found["issued"]["0"] == found["issued"]["2"] and \
         found["issued"]["0"].startswith("all_reduce 256 B"), found
