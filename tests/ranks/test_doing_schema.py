@@ -174,3 +174,10 @@ def test_a_light_rank_is_not_said_idle_for_longer_than_since_it_last_enqueued() 
     track.note_progress(1_033.0)  # it enqueued #99 at 1033 s, its CPU "last active" at 1000 s
     seen = doing(track, None, 1_060.0, 60.0, 30.0)
     assert seen.cpu_idle == 27.0, seen
+
+
+def test_a_busy_rank_says_what_it_moved_even_when_neither_direction_passes_a_megabyte() -> None:
+    from llmmon.ranks.culprit import Doing
+
+    said = Doing("x", "sleeping", 5.0, 1.0, 4e5, 7e5, True, False).text(185, 0.1)
+    assert "writing 700.0 kB in 185 s: busy" in said, said

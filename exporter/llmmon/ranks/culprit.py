@@ -87,9 +87,9 @@ class Doing:
         if self.state:
             parts.append(self.state)
         if self.busy and self.written_bytes + self.read_bytes >= 1e6:
-            moved = " and ".join(f"{verb} {_size(n)}" for verb, n in
-                                 (("writing", self.written_bytes), ("reading", self.read_bytes))
-                                 if n >= 1e6)
+            both = (("writing", self.written_bytes), ("reading", self.read_bytes))
+            big = [(verb, n) for verb, n in both if n >= 1e6] or [max(both, key=lambda v: v[1])]
+            moved = " and ".join(f"{verb} {_size(n)}" for verb, n in big)
             parts.append(f"{moved} in {window:.0f} s: busy (a checkpoint or a long step), "
                          "not a hang")
         elif self.busy:

@@ -92,6 +92,11 @@ class _Daemon:
     ended: set[Key]  # (cluster, job_id) of the jobs with a rank no longer alive
     idle: list[dict[Key, Sample]]  # seconds without CPU, then without I/O, per rank
     doing: dict[Key, Sample]
+    waiting: set[Key]  # ranks inside an operation of one of their groups: never to blame
+
+    def elsewhere(self, members: list[Sample]) -> list[Sample]:
+        """The members that wait inside another group's operation (llmmon_rank_waiting)."""
+        return [m for m in members if key(m, RANK_KEY) in self.waiting]
 
     @classmethod
     def read(cls, view: View) -> _Daemon:
@@ -106,7 +111,9 @@ class _Daemon:
                    if s.value == 0},
             idle=[index(view.instant(name), *RANK_KEY) for name in
                   ("llmmon_rank_cpu_idle_seconds", "llmmon_rank_io_idle_seconds")],
-            doing=index(view.instant("llmmon_rank_doing_info"), *RANK_KEY))
+            doing=index(view.instant("llmmon_rank_doing_info"), *RANK_KEY),
+            waiting={key(s, RANK_KEY) for s in view.instant("llmmon_rank_waiting")
+                     if s.value == 1})
 
     def window(self, where: Key, t: Thresholds) -> float:
         """The group's learned stall threshold, else the alert's window."""
@@ -148,8 +155,13 @@ def _judge(view: View, t: Thresholds, daemon: _Daemon, g: _Group) -> tuple[bool,
         return False, [d.evidence(g.members[0], ("job_id", "pg"), f"{g.head}: a rank of the job "
                                   "ended (llmmon_rank_alive 0): the job ended, not a hang")]
     if not g.waiting:
-        stuck, found = _quiet(t, g.members, g.head, daemon.quiet.get(g.where, []),
-                              daemon.window(g.where, t), daemon.idle, daemon.doing)
+        elsewhere = daemon.elsewhere(g.members)
+        if len(elsewhere) == len(g.members):
+            return False, [d.evidence(g.members[0], ("job_id", "pg"), f"{g.head}: nothing in "
+                                      "flight; its ranks wait inside other groups' operations")]
+        stuck, found = _quiet(t, [m for m in g.members if m not in elsewhere], g.head,
+                              daemon.quiet.get(g.where, []), daemon.window(g.where, t),
+                              daemon.idle, daemon.doing)
         return stuck, found or [d.evidence(
             g.members[0], ("job_id", "pg"),
             f"{g.head}: nothing in flight (last completed #{g.frontier - 1})")]
@@ -173,7 +185,13 @@ def _in_flight(view: View, t: Thresholds, daemon: _Daemon, g: _Group
                 f"within the {window:.0f} s window")
         return False, [d.evidence(g.members[0], ("job_id", "pg"), f"{text} ({note})",
                                   stalled_seconds=stalled)]
-    if not g.behind:
+    elsewhere = daemon.elsewhere(g.behind)
+    behind = [m for m in g.behind if m not in elsewhere]
+    if elsewhere:
+        text += "; " + "; ".join(f"rank {m.get('rank')} waits inside another group's "
+                                 f"operation{d.on_node(m)}: not the rank behind"
+                                 for m in elsewhere)
+    elif not behind:
         text += ("; every reporting rank entered it and none completes: the rank behind is "
                  "on a node not seen here, or suspect the GPUs and the network")
     return True, [d.evidence(g.members[0], ("job_id", "pg"), text, stalled_seconds=stalled,
@@ -183,7 +201,7 @@ def _in_flight(view: View, t: Thresholds, daemon: _Daemon, g: _Group
                    "the rank behind" + _doing(daemon.doing.get(key(m, RANK_KEY)),
                                               daemon.idle[0].get(key(m, RANK_KEY))),
                    last_enqueued=m.value)
-        for m in g.behind]
+        for m in behind]
 
 
 def progress(view: View, t: Thresholds) -> Outcome:
