@@ -22,6 +22,16 @@ JOB = "llama-hang"
 STEPS = 20  # rank 2 stops at step 10, after 2 x 10 all_reduces in group 0
 
 
+def _state(spool: Path, rank: int) -> dict:
+    """Rank `rank`'s state file, read whole (a read between write and rename retries)."""
+    def read() -> dict | None:
+        try:
+            return json.loads(next((spool / JOB).glob(f"rank_{rank}.*[0-9].json")).read_text())
+        except (ValueError, StopIteration):
+            return None
+    return wait_for(read, 30, f"rank {rank}'s state file")
+
+
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llmmon", "diagnose", "--ranks", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
@@ -75,6 +85,7 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
             return doc if doc["jobs"] and doc["jobs"][0]["stalled_groups"] else None
 
         api = wait_for(daemon_sees_stall, 120, "the daemon to see the stall")
+        written_before = _state(spool, 2)["activity"]["written_bytes"]
         # The daemon asked every rank for a dump through its pipe and kept the set: the whole
         # set, which can settle across two dump-<second> directories when the ranks write
         # their dumps a moment apart.
@@ -83,12 +94,19 @@ def test_the_rank_that_stopped_issuing_collectives_is_named_everywhere(
             return kept if len(kept) == 3 else None
 
         kept = wait_for(whole_set, 90, "every rank's dump to be kept")
+        # the rank's next state after its dump: the reporter's own writes are not its I/O
+        dumps = _state(spool, 2)["reporter"]["ticks"]
+        wait_for(lambda: _state(spool, 2)["reporter"]["ticks"] > dumps + 1, 60, "two more ticks")
+        written_after = _state(spool, 2)["activity"]["written_bytes"]
         text = diagnose("--url", server.url)
         from_spool = diagnose("--spool.dir", str(spool), "--stall-after", "1", "--json",
                               "--dump", "--pipe-dir", str(pipe_dir))
         assert job.result(2)["health"]["errors_total"] == 0
 
     assert group["pg"] == "0" and group["behind"] == [2] and group["waiting"] == [0, 1]
+    dump_size = kept["rank_2.json"].stat().st_size
+    assert written_after - written_before < dump_size / 2, (written_before, written_after,
+                                                            dump_size)
     assert [(e["process_group"][0], e["collective_seq_id"], e["retired"]) for e in waiting_in] \
         == [("0", 21, False)]
     assert group["op"]["seq"] == 2 * STEPS // 2 + 1 and group["op"]["coll"] == "all_reduce"
