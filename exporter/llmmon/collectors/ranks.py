@@ -154,9 +154,9 @@ IO_IDLE = _rank("llmmon_rank_io_idle_seconds", "gauge",
 WAITING = _rank("llmmon_rank_waiting", "gauge",
                 "1 while the rank waits inside an operation of one of its process groups (a "
                 "collective the Flight Recorder has in flight, or a send, receive or collective "
-                "its frames are blocked in), 0 otherwise. A waiting rank is behind in its other "
-                "groups without being to blame: the hang rules never name it; a stopped rank "
-                "is 0.")
+                "its frames are blocked in); no series otherwise, nor for a stopped rank. A "
+                "waiting rank is behind in its other groups without being to blame: the hang "
+                "rules never name it.")
 DOING_INFO = MetricSpec(
     "llmmon_rank_doing_info", "info",
     "What a rank completing nothing is doing: the process state (procfs, empty when not "
@@ -513,8 +513,8 @@ class RanksCollector(Collector):
             for spec, idle in ((CPU_IDLE, doing.cpu_idle), (IO_IDLE, doing.io_idle)):
                 if idle is not None:
                     families.add(spec, labels, round(idle, 1))  # as /api/v1/ranks shows it
-            families.add(WAITING, labels,
-                         1 if job.verdict.graph.waiting(rank.rank) and not doing.stopped else 0)
+            if job.verdict.graph.waiting(rank.rank) and not doing.stopped:
+                families.add(WAITING, labels, 1)
             if rank.alive and (rank.state.stack or doing.stopped):
                 families.add(DOING_INFO, labels + [doing.state, doing.where], 1)
         for group in job.groups:

@@ -103,6 +103,17 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def _since_running(track: RankTrack, cpu_idle: float | None, now: float) -> float | None:
+    """`cpu_idle`, but no longer than since the daemon saw the rank enqueue a collective: a
+    light rank (under CPU_ACTIVE) that did was running then.  Not since a completion: the
+    first sight of one (a fresh ledger, `diagnose --spool.dir`) is noted as now."""
+    enqueued = max((n for pg in track.state.progress if (n := track.last_enqueue(pg))),
+                   default=None)
+    if cpu_idle is None or enqueued is None:
+        return cpu_idle
+    return min(cpu_idle, max(0.0, now - enqueued))
+
+
 def doing(track: RankTrack, process: Process | None, now: float, window: float,
           stale_after: float) -> Doing:
     """What `track`'s rank did over the last `window` seconds."""
@@ -122,11 +133,7 @@ def doing(track: RankTrack, process: Process | None, now: float, window: float,
                     track.activity[0][1] if track.activity else activity)
         read = float(activity.read_bytes - base.read_bytes)
         written = float(activity.written_bytes - base.written_bytes)
-    moved = max((n for pg in track.state.progress
-                 for n in (track.last_progress(pg), track.last_enqueue(pg)) if n), default=None)
-    if cpu_idle is not None and moved is not None:
-        # a light rank (under CPU_ACTIVE) that enqueued a collective was running then
-        cpu_idle = min(cpu_idle, max(0.0, now - moved))
+    cpu_idle = _since_running(track, cpu_idle, now)
     fresh = track.age(now) <= stale_after and not stopped
     busy = fresh and min(v for v in (cpu_idle, io_idle, float("inf")) if v is not None) \
         < BUSY_WITHIN
