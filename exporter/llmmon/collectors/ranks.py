@@ -154,9 +154,10 @@ IO_IDLE = _rank("llmmon_rank_io_idle_seconds", "gauge",
 WAITING = _rank("llmmon_rank_waiting", "gauge",
                 "1 while the rank waits inside an operation of one of its process groups (a "
                 "collective the Flight Recorder has in flight, or a send, receive or collective "
-                "its frames are blocked in); no series otherwise, nor for a stopped rank. A "
-                "waiting rank is behind in its other groups without being to blame: the hang "
-                "rules never name it.")
+                "its frames are blocked in) while its job may hang (a group waits 5 s or more, "
+                "or is stalled); no series otherwise, nor for a stopped rank. A waiting rank is "
+                "behind in its other groups without being to blame: the hang rules never name "
+                "it.")
 DOING_INFO = MetricSpec(
     "llmmon_rank_doing_info", "info",
     "What a rank completing nothing is doing: the process state (procfs, empty when not "
@@ -504,6 +505,11 @@ class RanksCollector(Collector):
     def _judged_families(families: Families, job: stall.JobEvidence) -> None:
         """What the hang evidence decided, for the rules to judge with the same numbers."""
         job_id = job.job_id
+        # waits are exported once the job may hang: a healthy job's ranks are in and out of
+        # collectives all the time, and every rank's series would spend the node's budget
+        hanging = job.verdict.stalled or any(
+            g.outstanding is not None and (g.outstanding.waiting_seconds or 0.0)
+            >= stall.ISSUED_AFTER for g in job.groups)
         for rank in job.ranks:
             labels = [job_id, str(rank.rank)]
             families.add(ALIVE, labels, 1 if rank.alive else 0)
@@ -513,7 +519,7 @@ class RanksCollector(Collector):
             for spec, idle in ((CPU_IDLE, doing.cpu_idle), (IO_IDLE, doing.io_idle)):
                 if idle is not None:
                     families.add(spec, labels, round(idle, 1))  # as /api/v1/ranks shows it
-            if job.verdict.graph.waiting(rank.rank) and not doing.stopped:
+            if hanging and job.verdict.graph.waiting(rank.rank) and not doing.stopped:
                 families.add(WAITING, labels, 1)
             if rank.alive and (rank.state.stack or doing.stopped):
                 families.add(DOING_INFO, labels + [doing.state, doing.where], 1)
