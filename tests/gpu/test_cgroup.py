@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmon.gpu.cgroup import PodRef, parse_cgroup, pod_of
+from llmmon.gpu.cgroup import PodRef, SlurmRef, parse_cgroup, parse_slurm, pod_of, slurm_of
 from llmmon.sources.fs import RootedFS
 from tests.gpu.conftest import PROC
 
@@ -43,3 +43,30 @@ def test_pod_without_a_container_cgroup_yet() -> None:
 def test_a_word_that_merely_contains_pod_is_not_a_pod() -> None:
     assert parse_cgroup("0::/system.slice/podman-3a1b.scope\n") == PodRef()
     assert parse_cgroup(f"0::/machine.slice/docker-{CONTAINER}.scope\n") == PodRef()
+
+
+@pytest.mark.parametrize("pid, shape, job, step", [
+    (41010, "v1, a numbered step's task", "4242", "0"),
+    (41011, "v2, the batch step", "4243", "batch"),
+    (41012, "v2, one of several slurmd on a host", "977", "3"),
+])
+def test_slurm_tasks(pid: int, shape: str, job: str, step: str) -> None:
+    procfs = RootedFS(str(PROC))
+    assert slurm_of(procfs, pid) == SlurmRef(job, step), shape
+    assert pod_of(procfs, pid) == PodRef(), shape
+
+
+@pytest.mark.parametrize("pid", [41000, 41008, 41009, 41013])
+def test_not_a_slurm_task(pid: int) -> None:
+    """A pod, a login session, a process gone, slurmstepd's own cgroup."""
+    assert slurm_of(RootedFS(str(PROC)), pid) == SlurmRef()
+
+
+@pytest.mark.parametrize("text", [
+    "0::/slurm/uid_x/job_1/step_0/task_0\n",  # uid not a number
+    "0::/system.slice/slurmstepd.scope/job_/step_0\n",
+    "0::/system.slice/slurmstepd.scope/job_12/step_evil/user/task_0\n",
+    "0::/home/job_12/step_0\n",  # a directory that only looks like it
+])
+def test_what_only_looks_like_a_slurm_cgroup(text: str) -> None:
+    assert parse_slurm(text) == SlurmRef()

@@ -47,8 +47,11 @@ def _pg(name: str, help_text: str) -> MetricSpec:
 
 
 RANK_INFO = MetricSpec(
-    "llmmon_rank_info", "info", "A training rank seen in the spool; join on job_id and rank.",
-    ("job_id", "rank", "local_rank", "world_size", "uuid", "pod", "namespace", "pid"))
+    "llmmon_rank_info", "info",
+    "A training rank followed on this node; join on job_id and rank. source: reporter (its "
+    "spool file; pid as the rank sees it) or procfs (found without the reporter; pid as the "
+    "daemon sees it, which joins llmmon_gpu_process_info).",
+    ("job_id", "rank", "local_rank", "world_size", "uuid", "pod", "namespace", "pid", "source"))
 RANK_UP = _rank("llmmon_rank_up", "gauge",
                 "1 while the rank's reporter writes its file; 0 once stale (then dropped).")
 REPORT_AGE = _rank("llmmon_rank_report_age_seconds", "gauge",
@@ -252,11 +255,6 @@ TCP_TIMEOUTS = MetricSpec(
     "TCPTimeouts): a segment lost and not recovered by fast retransmit.", _NETNS)
 
 
-FOLLOWED = MetricSpec(
-    "llmmon_ranks_followed", "gauge",
-    "Ranks followed on this node by where their evidence comes from: the reporter's spool, or "
-    "procfs and py-spy from outside (a job without the reporter; only while discovery is on).",
-    ("source",))
 STACK_UNCHANGED = MetricSpec(
     "llmmon_job_stack_unchanged_seconds", "gauge",
     "Of a job whose ranks here run without the reporter: how long every rank's stack has "
@@ -298,7 +296,7 @@ class RanksCollector(Collector):
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
              WAITING, DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET,
              GAP, GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS,
-             FOLLOWED, STACK_UNCHANGED, STACK_THRESHOLD, STACK_ROOT, STACK_SYMMETRIC,
+             STACK_UNCHANGED, STACK_THRESHOLD, STACK_ROOT, STACK_SYMMETRIC,
              STACK_SAMPLES, STACK_CPU)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
@@ -616,12 +614,7 @@ class RanksCollector(Collector):
         return families
 
     def _outside_families(self, families: Families, evidence: stall.Evidence) -> None:
-        """How the ranks are followed, and the stack verdicts of jobs without the reporter."""
-        outside = sum(t.state.health.fr_api == SEEN_FROM_OUTSIDE
-                      for t in self.ledger.tracks.values())
-        families.add(FOLLOWED, ["reporter"], len(self.ledger.tracks) - outside)
-        if self.outside is not None:  # discovery on
-            families.add(FOLLOWED, ["procfs"], outside)
+        """The stack verdicts of jobs without the reporter, and what their stacks cost."""
         for job in evidence.jobs:
             seen = job.stacks
             if seen is None:
@@ -682,8 +675,9 @@ class RanksCollector(Collector):
                        stale_after: float) -> None:
         state, who = track.state, track.state.identity
         labels = [who.job_id, str(who.rank)]
+        source = "procfs" if state.health.fr_api == SEEN_FROM_OUTSIDE else "reporter"
         families.add(RANK_INFO, labels + [str(who.local_rank), str(who.world_size), who.uuid,
-                                          who.pod, who.namespace, str(who.pid)], 1)
+                                          who.pod, who.namespace, str(who.pid), source], 1)
         families.add(RANK_UP, labels, 1 if track.age(now) <= stale_after else 0)
         families.add(REPORT_AGE, labels, track.age(now))
         families.add(REPORTER_DISABLED, labels, 1 if state.health.disabled else 0)
