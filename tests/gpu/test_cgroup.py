@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmon.gpu.cgroup import PodRef, SlurmRef, parse_cgroup, parse_slurm, pod_of, slurm_of
+from llmmon.gpu.cgroup import PodRef, SlurmRef, owners_of, parse_cgroup, parse_slurm
 from llmmon.sources.fs import RootedFS
 from tests.gpu.conftest import PROC
 
@@ -23,15 +23,15 @@ CONTAINER = "038603692f9ae5f4e6164b7226b59f1f34b10458eaf20ece8f7ca768097e0883"
      "73285fdbe67c"),
 ])
 def test_fixture_shapes(pid: int, shape: str, pod_uid: str, container: str) -> None:
-    ref = pod_of(RootedFS(str(PROC)), pid)
+    ref, _ = owners_of(RootedFS(str(PROC)), pid)
     assert ref.pod_uid == pod_uid, shape
     assert ref.container_id[:12] == container and len(ref.container_id) == 64, shape
 
 
 def test_processes_outside_kubernetes_or_gone() -> None:
     procfs = RootedFS(str(PROC))
-    assert pod_of(procfs, 41008) == PodRef()  # a login session
-    assert pod_of(procfs, 41009) == PodRef()  # exited: no /proc entry
+    assert owners_of(procfs, 41008) == (PodRef(), SlurmRef())  # a login session
+    assert owners_of(procfs, 41009) == (PodRef(), SlurmRef())  # exited: no /proc entry
 
 
 def test_pod_without_a_container_cgroup_yet() -> None:
@@ -52,14 +52,13 @@ def test_a_word_that_merely_contains_pod_is_not_a_pod() -> None:
 ])
 def test_slurm_tasks(pid: int, shape: str, job: str, step: str) -> None:
     procfs = RootedFS(str(PROC))
-    assert slurm_of(procfs, pid) == SlurmRef(job, step), shape
-    assert pod_of(procfs, pid) == PodRef(), shape
+    assert owners_of(procfs, pid) == (PodRef(), SlurmRef(job, step)), shape
 
 
 @pytest.mark.parametrize("pid", [41000, 41008, 41009, 41013])
 def test_not_a_slurm_task(pid: int) -> None:
     """A pod, a login session, a process gone, slurmstepd's own cgroup."""
-    assert slurm_of(RootedFS(str(PROC)), pid) == SlurmRef()
+    assert owners_of(RootedFS(str(PROC)), pid)[1] == SlurmRef()
 
 
 @pytest.mark.parametrize("text", [

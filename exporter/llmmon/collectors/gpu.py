@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context, Environment
-from llmmon.gpu.cgroup import pod_of, slurm_of
+from llmmon.gpu.cgroup import owners_of
 from llmmon.gpu.clock_events import decompose
 from llmmon.gpu.peak_flops import peak_flops
 from llmmon.gpu.power import PowerSampler
@@ -531,8 +531,7 @@ class GpuCollector(Collector):
     def _processes(self, reader: _Reader, out: list[Sample]) -> None:
         for process in reader.call("compute_procs") or ():
             pid = str(process["pid"])
-            pod = pod_of(self.env.procfs, process["pid"])
-            slurm = slurm_of(self.env.procfs, process["pid"])
+            pod, slurm = owners_of(self.env.procfs, process["pid"])
             out.append((PROCESS_INFO, (pid, pod.pod_uid, pod.container_id, slurm.job_id,
                                        slurm.step), 1.0))
             if process.get("usedGpuMemory") is not None:

@@ -81,17 +81,10 @@ def parse_slurm(text: str) -> SlurmRef:
     return SlurmRef()
 
 
-def pod_of(procfs: RootedFS, pid: int) -> PodRef:
-    """The process's pod, or an empty PodRef (not in Kubernetes, or already exited)."""
+def owners_of(procfs: RootedFS, pid: int) -> tuple[PodRef, SlurmRef]:
+    """The process's pod and Slurm job, each empty when it has none (or has exited)."""
     try:
-        return parse_cgroup(procfs.read_text(str(pid), "cgroup"))
+        text = procfs.read_text(str(pid), "cgroup")
     except SourceError:
-        return PodRef()
-
-
-def slurm_of(procfs: RootedFS, pid: int) -> SlurmRef:
-    """The process's Slurm job and step, or an empty SlurmRef (not a Slurm task, or gone)."""
-    try:
-        return parse_slurm(procfs.read_text(str(pid), "cgroup"))
-    except SourceError:
-        return SlurmRef()
+        return PodRef(), SlurmRef()
+    return parse_cgroup(text), parse_slurm(text)
