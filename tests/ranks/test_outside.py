@@ -109,13 +109,20 @@ def test_unchanged_counts_only_samples_close_together():
     assert history((0, LOADER), (10, LOADER)).looks_still()
 
 
-def still(rank: int, frames, start: float, end: float, stopped: bool = False) -> RankStack:
+def still(rank: int, frames, start: float, end: float, stopped: bool = False,
+          cpu_still: float | None = None) -> RankStack:
+    """A rank sampled every 2 s from `start` to `end` with `frames`, its process without CPU
+    over that time (unless `cpu_still` says otherwise)."""
     samples = [(t, frames) for t in range(int(start), int(end) + 1, 2)]
-    return RankStack(rank, history(*samples), stopped, 0.0)
+    return RankStack(rank, history(*samples), stopped,
+                     end - start if cpu_still is None else cpu_still)
 
 
 def watch() -> StackWatch:
-    return StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
+    """A watch that has seen its job train (its threshold is its own, not the ceiling)."""
+    judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
+    judge.moves = stacks.LEARN_MOVES
+    return judge
 
 
 def test_the_rank_in_its_own_code_is_the_root_and_the_others_wait():
@@ -167,6 +174,7 @@ def test_the_threshold_is_learned_from_what_the_job_held_still_while_training():
 
 def test_the_threshold_stays_within_floor_and_ceiling():
     judge = StackWatch(floor=10.0, factor=5.0, ceiling=60.0)
+    judge.moves = stacks.LEARN_MOVES
     assert judge.threshold() == 10.0
     judge.episodes.append(100.0)
     assert judge.threshold() == 60.0
@@ -298,3 +306,32 @@ def test_the_stack_shown_is_the_sample_given(tmp_path: Path):
     found = Scanner(procfs).scan(0.0)
     ((_, state),) = Follower(procfs).states(found, 1.0, {70: LOADER}, Notes())
     assert state.stack is not None and state.stack[0].function == "load_next_batch"
+
+
+def test_a_job_never_seen_to_move_waits_for_the_ceiling():
+    """A job that starts with minutes of compilation holds its stacks still from the start."""
+    judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
+    assert not judge.judge([still(0, LOADER, 0, 170), still(1, COLLECTIVE, 0, 170)]).stalled
+    assert judge.judge([still(0, LOADER, 0, 180), still(1, COLLECTIVE, 0, 180)]).stalled
+
+
+def test_moves_are_the_changes_between_samples_each_counted_once():
+    judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
+    moving = RankStack(0, history((0, LOADER), (2, COLLECTIVE)), False, 0.0)
+    judge.judge([moving])
+    judge.judge([moving])  # the same samples again: no new change
+    assert judge.moves == 1
+    judge.judge([RankStack(0, history((0, LOADER), (2, COLLECTIVE), (4, LOADER)), False, 0.0)])
+    judge.judge([RankStack(0, history((4, LOADER), (6, BACKWARD), (8, LOADER)), False, 0.0)])
+    assert judge.moves == 3 and judge.threshold() == 10.0
+
+
+def test_a_rank_that_works_at_one_line_is_not_still():
+    """Its "compute" a sleep or a kernel launched from one line: the same stack at every
+    sample, but its process uses CPU every step."""
+    working = still(1, LOADER, 0, 30, cpu_still=0.3)
+    verdict = watch().judge([still(0, COLLECTIVE, 0, 30), working])
+    assert not verdict.stalled and verdict.unchanged == 0.3
+    # a rank inside torch is judged by its stack alone: an NCCL wait spins a CPU
+    spinning = still(0, COLLECTIVE, 0, 30, cpu_still=0.0)
+    assert watch().judge([spinning, still(1, LOADER, 0, 30)]).roots == (1,)

@@ -13,7 +13,13 @@ collectives, the fewer of them are the odd ones (a desync).
 "Unchanged" is only credited between samples taken close together (MAX_GAP): two samples ten
 seconds apart that look alike say nothing of the steps between them.  So the sampler is told
 to sample a job's ranks quickly (`suspect`) once its last two samples look alike or its ranks
-use no CPU, and the verdict waits for those samples.
+use no CPU, and the verdict waits for those samples.  A rank in its own code is still only
+while its process also uses no CPU: a job whose "compute" is a sleep at one line (or a long
+kernel launched from one line) shows the same stack at every sample while it trains.  A rank
+inside torch counts by its stack alone: an NCCL wait spins a CPU.
+
+Until the job has been seen to move (LEARN_MOVES stack changes), the threshold is the ceiling:
+a job that starts with minutes of compilation or loading holds its stacks still from the start.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ from typing import Iterable, Mapping
 
 from llmmon.sources.pyspy import StackFrame
 
-MAX_SAMPLES = 16  # samples remembered per process
 MAX_GAP = 5.0  # seconds: samples further apart do not show that nothing changed between them
 MAX_EPISODES = 32  # healthy still periods remembered per job (the threshold is their max)
 STILL_AFTER = 2.0  # seconds without CPU that make a job's ranks suspect
+LEARN_MOVES = 3  # stack changes seen before the job's own still periods set its threshold
 
 _C10D = "torch.distributed.distributed_c10d"
 _OPS = frozenset((
@@ -61,35 +67,41 @@ def blocked_in(frames: tuple[StackFrame, ...]) -> str | None:
 
 @dataclass
 class History:
-    """A process' recent samples, oldest first."""
+    """A process' newest sample and the run of alike samples, close together, it ends."""
 
-    samples: deque[tuple[float, Signature, tuple[StackFrame, ...]]] = field(
-        default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    newest: float = float("-inf")
+    frames: tuple[StackFrame, ...] = ()
+    sig: Signature = ()
+    previous: Signature | None = None  # the sample before the newest
+    since: float = float("-inf")  # the first sample of the run
+    count: int = 0
 
     def add(self, at: float, frames: tuple[StackFrame, ...]) -> None:
-        if not self.samples or at > self.samples[-1][0]:
-            self.samples.append((at, signature(frames), frames))
+        if at <= self.newest:
+            return
+        sig = signature(frames)
+        if not (self.count and sig == self.sig and at - self.newest <= MAX_GAP):
+            self.since = at
+        self.previous = self.sig if self.count else None
+        self.newest, self.frames, self.sig = at, frames, sig
+        self.count += 1
 
     @property
     def latest(self) -> tuple[StackFrame, ...] | None:
-        return self.samples[-1][2] if self.samples else None
+        return self.frames if self.count else None
 
     def unchanged(self) -> float:
-        """Seconds the stack is known to have stayed the same: back from the newest sample
-        over samples alike and close together."""
-        if not self.samples:
-            return 0.0
-        newest, same = self.samples[-1][0], self.samples[-1][1]
-        since = newest
-        for at, sig, _ in reversed(self.samples):
-            if sig != same or since - at > MAX_GAP:
-                break
-            since = at
-        return newest - since
+        """Seconds the stack is known to have stayed the same: from the first to the newest
+        of the alike samples, each within MAX_GAP of the one before."""
+        return self.newest - self.since if self.count else 0.0
 
     def looks_still(self) -> bool:
         """The last two samples alike, however far apart: worth sampling quickly."""
-        return len(self.samples) >= 2 and self.samples[-1][1] == self.samples[-2][1]
+        return self.count >= 2 and self.previous == self.sig
+
+    def changed(self) -> bool:
+        """The newest sample differs from the one before."""
+        return self.count >= 2 and self.previous != self.sig
 
 
 @dataclass(frozen=True)
@@ -101,10 +113,18 @@ class RankStack:
     stopped: bool
     cpu_still: float  # seconds its process used no CPU
 
+    def still(self) -> float:
+        """How long the rank is known to have done nothing: its stack unchanged, and, in its
+        own code, no CPU either."""
+        unchanged = self.history.unchanged()
+        if self.stopped or blocked_in(self.history.latest or ()) is not None:
+            return unchanged
+        return min(unchanged, self.cpu_still)
+
 
 @dataclass(frozen=True)
 class StackVerdict:
-    unchanged: float  # seconds every rank's stack has stayed the same
+    unchanged: float  # seconds every rank here has done nothing (RankStack.still)
     threshold: float
     stalled: bool
     roots: tuple[int, ...]
@@ -128,17 +148,29 @@ class StackWatch:
     factor: float
     ceiling: float
     episodes: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_EPISODES))
+    moves: int = 0  # stack changes seen between a rank's samples
+    _newest: dict[int, float] = field(default_factory=dict)  # rank -> its newest sample seen
     _last: float = 0.0
     _stalled: bool = False
 
     def threshold(self) -> float:
+        if self.moves < LEARN_MOVES:
+            return self.ceiling
         return min(self.ceiling, max(self.floor, self.factor * max(self.episodes, default=0.0)))
 
+    def _count_moves(self, ranks: list[RankStack]) -> None:
+        for rank in ranks:
+            newest = rank.history.newest
+            if newest > self._newest.get(rank.rank, float("-inf")) and rank.history.changed():
+                self.moves += 1
+            self._newest[rank.rank] = newest
+
     def judge(self, ranks: Iterable[RankStack]) -> StackVerdict:
-        ranks = [r for r in ranks if r.history.samples]
+        ranks = [r for r in ranks if r.history.count]
         if not ranks:
             return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False)
-        unchanged = min(r.history.unchanged() for r in ranks)
+        self._count_moves(ranks)
+        unchanged = min(r.still() for r in ranks)
         if unchanged < self._last and not self._stalled:
             self.episodes.append(self._last)  # a still period that ended: the job moved on
         self._last = unchanged
