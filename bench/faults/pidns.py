@@ -4,7 +4,8 @@ On a real node the daemon (hostPID) sees that node's processes and no other's.  
 nodes on one machine share its PID namespace, so a daemon that finds training ranks in procfs
 would find every node's; each simulated node's daemon and jobs therefore run in a namespace of
 their own.  Its init is `sleep infinity` under `unshare --pid --fork --mount-proc`; processes
-join with `nsenter --pid --mount` (the mount namespace holds the namespace's /proc).  Killing
+join with `nsenter --pid --mount` (the mount namespace holds the namespace's /proc), or with
+`--pid` alone.  Killing
 the init kills everything in the namespace, which is how it is torn down.
 """
 
@@ -51,9 +52,12 @@ class PidNamespace:
         except OSError:
             return False
 
-    def command(self, argv: list[str]) -> list[str]:
-        """`argv` run inside the namespace (and its mount namespace, for its /proc)."""
-        return ["nsenter", "--target", str(self.init), "--pid", "--mount", "--", *argv]
+    def command(self, argv: list[str], mount: bool = True) -> list[str]:
+        """`argv` run inside the namespace, and its mount namespace (for its /proc) unless
+        `mount` is off: a process that must keep the host's mounts (`ip netns exec` finds
+        network namespaces there) joins the PID namespace alone."""
+        return ["nsenter", "--target", str(self.init), "--pid", *(["--mount"] if mount else []),
+                "--", *argv]
 
     def host_pid(self, pid: int) -> int | None:
         """The host's number of the namespace's process `pid`, None when there is none."""

@@ -180,6 +180,15 @@ def test_the_threshold_stays_within_floor_and_ceiling():
     assert judge.threshold() == 60.0
 
 
+def test_one_long_still_period_is_not_the_threshold():
+    """The rendezvous at start holds every rank still as long as the slowest takes to start."""
+    judge = watch()
+    judge.episodes.extend([13.0] + [2.0] * 9)
+    assert judge.threshold() == 10.0  # 5 x the 90th percentile (2 s), at the floor
+    judge.episodes.extend([4.0] * 10)
+    assert judge.threshold() == 20.0
+
+
 def test_a_hang_is_not_learned_as_healthy():
     judge = watch()
     judge.judge([still(0, LOADER, 0, 40)])
@@ -323,7 +332,7 @@ def test_moves_are_the_changes_between_samples_each_counted_once():
     assert judge.moves == 1
     judge.judge([RankStack(0, history((0, LOADER), (2, COLLECTIVE), (4, LOADER)), False, 0.0)])
     judge.judge([RankStack(0, history((4, LOADER), (6, BACKWARD), (8, LOADER)), False, 0.0)])
-    assert judge.moves == 3 and judge.threshold() == 10.0
+    assert judge.moves == 3 and judge.threshold() == 180.0  # still learning
 
 
 def test_a_rank_that_works_at_one_line_is_not_still():

@@ -363,12 +363,13 @@ class RanksCollector(Collector):
                "The py-spy executable that reads the stacks of ranks without the reporter "
                "(CAP_SYS_PTRACE); empty: no stacks, those ranks are followed by procfs alone.",
                metavar="PATH"),
-        Option("stack_interval", "duration", "10s",
-               "How often each rank without the reporter has its stack read.",
+        Option("stack_interval", "duration", "5s",
+               "How often each rank without the reporter has its stack read; over 6 s, a "
+               "healthy job's still periods are measured only while it looks hung.",
                minimum="1s", maximum="1h"),
         Option("stack_quick_interval", "duration", "2s",
                "How often while its job looks hung (its last stacks alike, or its ranks "
-               "without CPU); under 5 s, or stillness is never confirmed.",
+               "without CPU); under 6 s, or stillness is never confirmed.",
                minimum="500ms", maximum="5s"),
         Option("stack_budget", "float", 0.05,
                "CPU seconds per second the daemon may spend in py-spy (a dump costs ~10-20 ms); "

@@ -11,15 +11,19 @@ culprit is on another node, or in the GPUs or the network.  Ranks inside differe
 collectives, the fewer of them are the odd ones (a desync).
 
 "Unchanged" is only credited between samples taken close together (MAX_GAP): two samples ten
-seconds apart that look alike say nothing of the steps between them.  So the sampler is told
-to sample a job's ranks quickly (`suspect`) once its last two samples look alike or its ranks
-use no CPU, and the verdict waits for those samples.  A rank in its own code is still only
+seconds apart that look alike say nothing of the steps between them.  The sampler's default
+interval is within it, so a healthy job's still periods are measured all along, and it samples
+a job's ranks more quickly (`suspect`) once their last two samples look alike or they use no
+CPU.  A rank in its own code is still only
 while its process also uses no CPU: a job whose "compute" is a sleep at one line (or a long
 kernel launched from one line) shows the same stack at every sample while it trains.  A rank
 inside torch counts by its stack alone: an NCCL wait spins a CPU.
 
-Until the job has been seen to move (LEARN_MOVES stack changes), the threshold is the ceiling:
-a job that starts with minutes of compilation or loading holds its stacks still from the start.
+Until the job has been seen to move (LEARN_EPISODES still periods that ended, or LEARN_MOVES
+stack changes), the threshold is the ceiling: a job that starts with minutes of compilation or
+loading holds its stacks still from the start.  After that it is `stall_factor` times the 90th
+percentile of the still periods, not the longest: the rendezvous at start holds every rank
+still as long as the slowest rank takes to start.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from typing import Iterable, Mapping
 
 from llmmon.sources.pyspy import StackFrame
 
-MAX_GAP = 5.0  # seconds: samples further apart do not show that nothing changed between them
+MAX_GAP = 6.0  # seconds: samples further apart do not show that nothing changed between them
 MAX_EPISODES = 32  # healthy still periods remembered per job (the threshold is their max)
 STILL_AFTER = 2.0  # seconds without CPU that make a job's ranks suspect
-LEARN_MOVES = 3  # stack changes seen before the job's own still periods set its threshold
+LEARN_EPISODES = 5  # still periods seen, or
+LEARN_MOVES = 10  # stack changes seen, before the job's own still periods set its threshold
+LEARN_QUANTILE = 0.9  # of the still periods: one long one (the rendezvous at start) is not it
 
 _C10D = "torch.distributed.distributed_c10d"
 _OPS = frozenset((
@@ -154,9 +160,11 @@ class StackWatch:
     _stalled: bool = False
 
     def threshold(self) -> float:
-        if self.moves < LEARN_MOVES:
+        if len(self.episodes) < LEARN_EPISODES and self.moves < LEARN_MOVES:
             return self.ceiling
-        return min(self.ceiling, max(self.floor, self.factor * max(self.episodes, default=0.0)))
+        ordered = sorted(self.episodes) or [0.0]
+        typical = ordered[int(LEARN_QUANTILE * (len(ordered) - 1))]
+        return min(self.ceiling, max(self.floor, self.factor * typical))
 
     def _count_moves(self, ranks: list[RankStack]) -> None:
         for rank in ranks:
