@@ -121,7 +121,7 @@ def still(rank: int, frames, start: float, end: float, stopped: bool = False,
 def watch() -> StackWatch:
     """A watch that has seen its job train (its threshold is its own, not the ceiling)."""
     judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
-    judge.moves = stacks.LEARN_MOVES
+    judge.looped = True
     return judge
 
 
@@ -162,19 +162,42 @@ def test_ranks_split_evenly_between_collectives_disagree():
 
 def test_the_threshold_is_learned_from_what_the_job_held_still_while_training():
     judge = watch()
-    # healthy: the stacks stay alike for up to 6 s, then change
+    ranks = {0: History(), 1: History()}
+
+    def at(t: float, frames: dict[int, tuple[pyspy.StackFrame, ...]]):  # type: ignore[no-untyped-def]
+        for rank, history in ranks.items():
+            history.add(t, frames[rank])
+        return judge.judge([RankStack(r, h, False, 1000.0) for r, h in ranks.items()])
+
+    # healthy: the stacks stay alike for 6 s at a time, then change
+    t = 0.0
     for period in range(5):
-        base = period * 20
-        judge.judge([still(0, COLLECTIVE, base, base + 6), still(1, LOADER, base, base + 6)])
-        judge.judge([still(0, LOADER, base + 8, base + 8), still(1, LOADER, base + 8, base + 8)])
+        for _ in range(4):  # 0, 2, 4, 6 s alike
+            at(t, {0: COLLECTIVE, 1: LOADER})
+            t += 2
+        at(t, {0: BACKWARD, 1: BACKWARD})
+        t += 2
     assert judge.threshold() == 30.0  # 5 x 6 s
-    assert not judge.judge([still(0, COLLECTIVE, 100, 128), still(1, LOADER, 100, 128)]).stalled
-    assert judge.judge([still(0, COLLECTIVE, 100, 130), still(1, LOADER, 100, 130)]).stalled
+    start = t
+    while t - start < 28:
+        assert not at(t, {0: COLLECTIVE, 1: LOADER}).stalled
+        t += 2
+    assert at(t + 2, {0: COLLECTIVE, 1: LOADER}).stalled
+
+
+def test_a_still_period_cut_by_a_late_sample_is_not_learned():
+    """A sample too late (the daemon busy) cuts a still period without the job moving on."""
+    judge = watch()
+    history = History()
+    for t in (0, 2, 4, 6, 8, 20, 22):  # 8 -> 20: too far apart; the stack never changed
+        history.add(t, LOADER)
+        judge.judge([RankStack(0, history, False, 1000.0)])
+    assert not judge.episodes
 
 
 def test_the_threshold_stays_within_floor_and_ceiling():
     judge = StackWatch(floor=10.0, factor=5.0, ceiling=60.0)
-    judge.moves = stacks.LEARN_MOVES
+    judge.looped = True
     assert judge.threshold() == 10.0
     judge.episodes.append(100.0)
     assert judge.threshold() == 60.0
@@ -298,9 +321,12 @@ def test_activity_is_dated_when_procfs_shows_it_move(tmp_path: Path):
     procfs = RootedFS(str(tmp_path))
     follower = Follower(procfs)
     found = Scanner(procfs).scan(0.0)
+    follower.observe(found, 100.0)
     ((_, first),) = follower.states(found, 100.0, {}, Notes())
+    follower.observe(found, 110.0)
     ((_, same),) = follower.states(found, 110.0, {}, Notes())
     write_process(tmp_path, 60, 1, 500, TORCHRUN, cpu_ticks=200)
+    follower.observe(found, 120.0)
     ((_, moved),) = follower.states(found, 120.0, {}, Notes())
     assert first.activity and same.activity and moved.activity
     assert same.activity.cpu_active == 100.0  # no CPU since the first look
@@ -324,15 +350,17 @@ def test_a_job_never_seen_to_move_waits_for_the_ceiling():
     assert judge.judge([still(0, LOADER, 0, 180), still(1, COLLECTIVE, 0, 180)]).stalled
 
 
-def test_moves_are_the_changes_between_samples_each_counted_once():
+def test_the_threshold_is_learned_once_a_rank_is_seen_in_its_training_loop():
+    """Start-up (imports, the rendezvous) never comes back to a stack; a training step does."""
     judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
-    moving = RankStack(0, history((0, LOADER), (2, COLLECTIVE)), False, 0.0)
-    judge.judge([moving])
-    judge.judge([moving])  # the same samples again: no new change
-    assert judge.moves == 1
-    judge.judge([RankStack(0, history((0, LOADER), (2, COLLECTIVE), (4, LOADER)), False, 0.0)])
-    judge.judge([RankStack(0, history((4, LOADER), (6, BACKWARD), (8, LOADER)), False, 0.0)])
-    assert judge.moves == 3 and judge.threshold() == 180.0  # still learning
+    rank = History()
+    for t, frames in enumerate([LOADER, BACKWARD, COLLECTIVE, BROADCAST]):  # all different
+        rank.add(t * 2, frames)
+        judge.judge([RankStack(0, rank, False, 0.0)])
+    assert not rank.looped and judge.threshold() == 180.0
+    rank.add(8, BACKWARD)  # back at a stack it had, after others: a loop
+    judge.judge([RankStack(0, rank, False, 0.0)])
+    assert rank.looped and judge.threshold() == 10.0
 
 
 def test_a_rank_that_works_at_one_line_is_not_still():

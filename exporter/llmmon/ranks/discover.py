@@ -140,13 +140,22 @@ class Scanner:
 
 
 @dataclass
-class _Seen:
+class Seen:
     """What the daemon noted of a process between scans (procfs counts, it does not date)."""
 
-    cpu_seconds: float = -1.0
-    cpu_active: float = 0.0
-    moved: int = -1
-    io_active: float = 0.0
+    main: procstat.ProcStat | None = None  # its main (training) thread
+    moved: procenv.ProcIO | None = None
+    cpu_active: float = 0.0  # when the main thread's CPU time last moved
+    io_active: float = 0.0  # when its I/O counters last moved
+
+    def observe(self, main: procstat.ProcStat | None, moved: procenv.ProcIO | None,
+                now: float) -> None:
+        if main is not None and (self.main is None or main.cpu_seconds != self.main.cpu_seconds):
+            self.cpu_active = now
+        if moved is not None and (self.moved is None or (moved.read_bytes, moved.written_bytes)
+                                  != (self.moved.read_bytes, self.moved.written_bytes)):
+            self.io_active = now
+        self.main, self.moved = main or self.main, moved or self.moved
 
 
 @dataclass
@@ -154,53 +163,57 @@ class Follower:
     """Turns each scan into the state documents the reporter would have written."""
 
     procfs: RootedFS
-    seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)  # (pid, start) ->
+    seen: dict[tuple[int, int], Seen] = field(default_factory=dict)  # (pid, start) ->
+
+    def observe(self, found: list[Found], now: float) -> dict[int, Seen]:
+        """Read each rank's main thread and I/O now (pid -> what is noted of it); processes
+        no longer found are forgotten."""
+        live = {(rank.pid, rank.start_ticks) for rank in found}
+        self.seen = {k: v for k, v in self.seen.items() if k in live}
+        out = {}
+        for rank in found:
+            seen = self.seen.setdefault((rank.pid, rank.start_ticks), Seen())
+            # the training thread is the process' first: its CPU, not gloo's or NCCL's threads'
+            seen.observe(procstat.read(self.procfs, rank.pid, rank.pid),
+                         procenv.io(self.procfs, rank.pid), now)
+            out[rank.pid] = seen
+        return out
 
     def states(self, found: list[Found], now: float,
                stacks: Mapping[int, tuple[StackFrame, ...]],
                notes: Notes) -> list[tuple[Found, RankState]]:
-        """Each rank's state as of `now` (`stacks`: pid -> the stack to show, if any).  A
-        document the parser refuses (a hostile environment) is left out and noted."""
+        """Each rank's state as of `now`, as last observed (`stacks`: pid -> the stack to
+        show, if any).  A document the parser refuses (a hostile environment) is left out and
+        noted."""
         out = []
-        live = set()
         for rank in found:
-            key = (rank.pid, rank.start_ticks)
-            live.add(key)
-            doc = self._document(rank, self.seen.setdefault(key, _Seen()), now,
-                                 stacks.get(rank.pid))
+            seen = self.seen.get((rank.pid, rank.start_ticks)) or Seen()
+            doc = _document(rank, seen, now, stacks.get(rank.pid))
             try:
                 out.append((rank, parse_state(json.dumps(doc).encode(), notes)))
             except SchemaError as exc:
                 notes.drop(f"pid {rank.pid}: {exc}")
-        self.seen = {k: v for k, v in self.seen.items() if k in live}
         return out
 
-    def _document(self, rank: Found, seen: _Seen, now: float,
-                  stack: tuple[StackFrame, ...] | None) -> dict[str, object]:
-        # the training thread is the process' first: its CPU, not the gloo or NCCL threads'
-        main = procstat.read(self.procfs, rank.pid, rank.pid)
-        if main is not None and main.cpu_seconds != seen.cpu_seconds:
-            seen.cpu_seconds, seen.cpu_active = main.cpu_seconds, now
-        moved = procenv.io(self.procfs, rank.pid)
-        if moved is not None and moved.read_bytes + moved.written_bytes != seen.moved:
-            seen.moved, seen.io_active = moved.read_bytes + moved.written_bytes, now
-        doc: dict[str, object] = {
-            "schema": SCHEMA, "kind": "state", "written_ns": int(now * 1e9),
-            "identity": {"job_id": rank.job_id, "rank": rank.rank, "local_rank": rank.local_rank,
-                         "world_size": rank.world_size, "pod": rank.pod,
-                         "namespace": rank.namespace, "pid": rank.pid, "uuid": "",
-                         "gpu_name": "", "allocator_config": "",
-                         "start_ticks": rank.start_ticks},
-            "reporter": {"fr_api": SEEN_FROM_OUTSIDE}}
-        if main is not None and moved is not None:
-            doc["activity"] = {
-                "cpu_seconds": main.cpu_seconds, "read_bytes": moved.read_bytes,
-                "written_bytes": moved.written_bytes,
-                "voluntary_switches": moved.voluntary_switches,
-                "involuntary_switches": moved.involuntary_switches,
-                "cpu_active_ns": int(seen.cpu_active * 1e9),
-                "io_active_ns": int(seen.io_active * 1e9)}
-        if stack:
-            doc["stack"] = [{"file": f.file, "line": f.line, "function": f.function,
-                             "module": f.module} for f in stack]
-        return doc
+
+def _document(rank: Found, seen: Seen, now: float,
+              stack: tuple[StackFrame, ...] | None) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "schema": SCHEMA, "kind": "state", "written_ns": int(now * 1e9),
+        "identity": {"job_id": rank.job_id, "rank": rank.rank, "local_rank": rank.local_rank,
+                     "world_size": rank.world_size, "pod": rank.pod,
+                     "namespace": rank.namespace, "pid": rank.pid, "uuid": "",
+                     "gpu_name": "", "allocator_config": "", "start_ticks": rank.start_ticks},
+        "reporter": {"fr_api": SEEN_FROM_OUTSIDE}}
+    if seen.main is not None and seen.moved is not None:
+        doc["activity"] = {
+            "cpu_seconds": seen.main.cpu_seconds, "read_bytes": seen.moved.read_bytes,
+            "written_bytes": seen.moved.written_bytes,
+            "voluntary_switches": seen.moved.voluntary_switches,
+            "involuntary_switches": seen.moved.involuntary_switches,
+            "cpu_active_ns": int(seen.cpu_active * 1e9),
+            "io_active_ns": int(seen.io_active * 1e9)}
+    if stack:
+        doc["stack"] = [{"file": f.file, "line": f.line, "function": f.function,
+                         "module": f.module} for f in stack]
+    return doc

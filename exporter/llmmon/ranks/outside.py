@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from llmmon.ranks.discover import Follower, Found, Scanner
+from llmmon.ranks.discover import Follower, Found, Scanner, Seen
 from llmmon.ranks.liveness import PidWatch
 from llmmon.ranks.stacks import History, RankStack, StackVerdict, StackWatch
 from llmmon.ranks.stacksampler import StackSampler
@@ -48,6 +48,7 @@ class OutsideRanks:
     def run(self, now: float, reported: Iterable[int], watch: PidWatch | None) -> Pass:
         """Find the ranks (but the `reported` pids), judge their jobs, write their states."""
         found = self.scanner.scan(now, reported)
+        seen = self.follower.observe(found, now)
         histories = self.sampler.histories() if self.sampler else {}
         jobs: dict[str, list[Found]] = {}
         for rank in found:
@@ -58,8 +59,8 @@ class OutsideRanks:
                                                            self.ceiling)
             self.watches[job_id] = judge
             verdicts[job_id] = judge.judge(
-                self._rank_stack(r, histories.get((r.pid, r.start_ticks)), watch, now)
-                for r in ranks)
+                self._rank_stack(r, histories.get((r.pid, r.start_ticks)), seen[r.pid], watch,
+                                 now) for r in ranks)
         self.watches = {job_id: w for job_id, w in self.watches.items() if job_id in jobs}
         if self.sampler is not None:
             self.sampler.want({(r.pid, r.start_ticks): verdicts[r.job_id].suspect
@@ -71,11 +72,12 @@ class OutsideRanks:
         return Pass(self.follower.states(found, now, shown, notes), verdicts, notes)
 
     @staticmethod
-    def _rank_stack(rank: Found, history: History | None, watch: PidWatch | None,
+    def _rank_stack(rank: Found, history: History | None, seen: Seen, watch: PidWatch | None,
                     now: float) -> RankStack:
+        """Its samples, whether it is stopped (the PID watch) and how long its training thread
+        used no CPU (not the whole process': gloo's and the store's threads wake now and
+        then in a hung rank)."""
         process = watch.get((rank.job_id, rank.rank, rank.pid)) if watch else None
-        if process is None or not process.visible:
-            return RankStack(rank.rank, history or History(), False, 0.0)
-        still = now - process.cpu_changed if process.cpu_changed else 0.0
-        return RankStack(rank.rank, history or History(), process.state in ("T", "t"),
-                         max(0.0, still))
+        stopped = process is not None and process.visible and process.state in ("T", "t")
+        still = now - seen.cpu_active if seen.main is not None else 0.0
+        return RankStack(rank.rank, history or History(), stopped, max(0.0, still))

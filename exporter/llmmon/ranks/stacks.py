@@ -19,11 +19,12 @@ while its process also uses no CPU: a job whose "compute" is a sleep at one line
 kernel launched from one line) shows the same stack at every sample while it trains.  A rank
 inside torch counts by its stack alone: an NCCL wait spins a CPU.
 
-Until the job has been seen to move (LEARN_EPISODES still periods that ended, or LEARN_MOVES
-stack changes), the threshold is the ceiling: a job that starts with minutes of compilation or
-loading holds its stacks still from the start.  After that it is `stall_factor` times the 90th
-percentile of the still periods, not the longest: the rendezvous at start holds every rank
-still as long as the slowest rank takes to start.
+Until the job has been seen in its training loop (a rank back at a stack it had before, after
+another: A, B, A; start-up's imports and rendezvous never come back), the threshold is the
+ceiling: a job that starts with minutes of compilation or loading holds its stacks still from
+the start.  After that it is `stall_factor` times the 90th percentile of the still periods,
+not the longest: the rendezvous at start holds every rank still as long as the slowest rank
+takes to start.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ from llmmon.sources.pyspy import StackFrame
 MAX_GAP = 6.0  # seconds: samples further apart do not show that nothing changed between them
 MAX_EPISODES = 32  # healthy still periods remembered per job (the threshold is their max)
 STILL_AFTER = 2.0  # seconds without CPU that make a job's ranks suspect
-LEARN_EPISODES = 5  # still periods seen, or
-LEARN_MOVES = 10  # stack changes seen, before the job's own still periods set its threshold
+RECENT = 8  # distinct stacks remembered per process, to see it come back to one
 LEARN_QUANTILE = 0.9  # of the still periods: one long one (the rendezvous at start) is not it
 
 _C10D = "torch.distributed.distributed_c10d"
@@ -81,11 +81,18 @@ class History:
     previous: Signature | None = None  # the sample before the newest
     since: float = float("-inf")  # the first sample of the run
     count: int = 0
+    recent: deque[Signature] = field(default_factory=lambda: deque(maxlen=RECENT))
+    looped: bool = False  # came back to a stack it had before, after another: a training loop
 
     def add(self, at: float, frames: tuple[StackFrame, ...]) -> None:
         if at <= self.newest:
             return
         sig = signature(frames)
+        if self.count and sig != self.sig:
+            self.looped = self.looped or sig in self.recent
+            if self.sig in self.recent:
+                self.recent.remove(self.sig)
+            self.recent.append(self.sig)
         if not (self.count and sig == self.sig and at - self.newest <= MAX_GAP):
             self.since = at
         self.previous = self.sig if self.count else None
@@ -154,32 +161,37 @@ class StackWatch:
     factor: float
     ceiling: float
     episodes: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_EPISODES))
-    moves: int = 0  # stack changes seen between a rank's samples
+    looped: bool = False  # a rank here was seen in its training loop
     _newest: dict[int, float] = field(default_factory=dict)  # rank -> its newest sample seen
     _last: float = 0.0
     _stalled: bool = False
 
     def threshold(self) -> float:
-        if len(self.episodes) < LEARN_EPISODES and self.moves < LEARN_MOVES:
+        if not self.looped:
             return self.ceiling
         ordered = sorted(self.episodes) or [0.0]
         typical = ordered[int(LEARN_QUANTILE * (len(ordered) - 1))]
         return min(self.ceiling, max(self.floor, self.factor * typical))
 
-    def _count_moves(self, ranks: list[RankStack]) -> None:
+    def _moved(self, ranks: list[RankStack]) -> bool:
+        """Whether a stack changed among the samples new since the last judgement (a still
+        period cut by a late sample, or by CPU, is not the job moving on)."""
+        moved = False
         for rank in ranks:
             newest = rank.history.newest
-            if newest > self._newest.get(rank.rank, float("-inf")) and rank.history.changed():
-                self.moves += 1
+            moved |= newest > self._newest.get(rank.rank, float("-inf")) and \
+                rank.history.changed()
             self._newest[rank.rank] = newest
+            self.looped |= rank.history.looped
+        return moved
 
     def judge(self, ranks: Iterable[RankStack]) -> StackVerdict:
         ranks = [r for r in ranks if r.history.count]
         if not ranks:
             return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False)
-        self._count_moves(ranks)
+        moved = self._moved(ranks)
         unchanged = min(r.still() for r in ranks)
-        if unchanged < self._last and not self._stalled:
+        if moved and unchanged < self._last and not self._stalled:
             self.episodes.append(self._last)  # a still period that ended: the job moved on
         self._last = unchanged
         threshold = self.threshold()
