@@ -86,8 +86,10 @@ def job_of(env: Mapping[str, str], ppid: int) -> str:
 @dataclass
 class Scanner:
     """Finds the ranks in procfs.  A rank's environment is read once (it is the one it
-    started with); another process' again after RECHECK (it may have been read between fork
-    and exec, which keep the start time, when it still had its launcher's environment)."""
+    started with) and its stat every scan; another process is looked at again only after
+    RECHECK (it may have been read between fork and exec, which keep the start time, when it
+    still had its launcher's environment), so a scan of a node's thousands of processes reads
+    the new ones and the ranks."""
 
     procfs: RootedFS
     known: dict[int, tuple[int, Found | None, float]] = field(default_factory=dict)  # pid ->
@@ -101,12 +103,14 @@ class Scanner:
         seen: dict[int, tuple[Found, int]] = {}  # pid -> (found, ppid)
         known: dict[int, tuple[int, Found | None, float]] = {}
         for pid in procenv.pids(self.procfs):
+            cached = self.known.get(pid)
+            if cached and cached[1] is None and now - cached[2] < RECHECK:
+                known[pid] = cached  # not a rank, looked at lately: not even its stat is read
+                continue
             stat = procstat.read(self.procfs, pid)
             if stat is None or stat.ended:
                 continue
-            cached = self.known.get(pid)
-            if cached and cached[0] == stat.start_ticks and (
-                    cached[1] is not None or now - cached[2] < RECHECK):
+            if cached and cached[0] == stat.start_ticks and cached[1] is not None:
                 known[pid] = cached
             else:
                 known[pid] = (stat.start_ticks, self._found(pid, stat), now)
