@@ -372,3 +372,27 @@ def test_a_rank_that_works_at_one_line_is_not_still():
     # a rank inside torch is judged by its stack alone: an NCCL wait spins a CPU
     spinning = still(0, COLLECTIVE, 0, 30, cpu_still=0.0)
     assert watch().judge([spinning, still(1, LOADER, 0, 30)]).roots == (1,)
+
+
+def test_the_job_verdict_speaks_of_ranks_stuck_before_their_collective(tmp_path: Path):
+    """Every rank here outside torch: the job's one verdict, in the words the reporter's
+    quiet verdict uses, through the real ledger and judge."""
+    from llmmon.ranks import stall
+    from llmmon.ranks.ledger import Ledger
+
+    write_process(tmp_path, 80, 1, 500, {**TORCHRUN, "RANK": "0", "LOCAL_RANK": "0"})
+    write_process(tmp_path, 81, 1, 501, TORCHRUN)
+    procfs = RootedFS(str(tmp_path))
+    found = Scanner(procfs).scan(0.0)
+    follower = Follower(procfs)
+    follower.observe(found, 100.0)
+    ledger = Ledger(64, 32, lambda pid, start: False)
+    for rank, state in follower.states(found, 100.0, {80: LOADER, 81: LOADER}, Notes()):
+        assert ledger.observe_state(state, 100.0, 100.0)
+    seen = watch().judge([still(0, LOADER, 60, 100), still(1, LOADER, 60, 100)])
+    limits = stall.StallThresholds(30.0, 180.0)
+    (job,) = stall.judge(ledger, 100.0, limits, seen={found[0].job_id: seen}).jobs
+    assert job.verdict.roots == (0, 1) and job.stacks is seen
+    summary = job.verdict.summary()
+    assert "every rank here is stuck before its next collective; rank 0 (seen from outside, " \
+        "no reporter) is in load_next_batch (data.py:41)" in summary, summary

@@ -371,9 +371,10 @@ class RanksCollector(Collector):
                "How often while its job looks hung (its last stacks alike, or its ranks "
                "without CPU); under 6 s, or stillness is never confirmed.",
                minimum="500ms", maximum="5s"),
-        Option("stack_budget", "float", 0.05,
-               "CPU seconds per second the daemon may spend in py-spy (a dump costs ~10-20 ms); "
-               "samples beyond it wait and are counted.", minimum=0.001, maximum=4.0),
+        Option("stack_budget", "float", 0.1,
+               "CPU seconds per second the daemon may spend in py-spy (a dump of a small "
+               "process costs ~12 ms: 8 ranks every 5 s use 0.02); samples beyond it wait, a "
+               "suspect job's first, and are counted.", minimum=0.001, maximum=4.0),
         Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound).",
                minimum=1, maximum=10_000),
         Option("max_ranks_per_job", "int", 32, "Ranks of one job followed at most.",

@@ -92,7 +92,9 @@ class StackSampler:
         with self._lock:
             due = [(key, want) for key, want in self._wanted.items()
                    if now - want.last >= (self.quick_interval if want.quick else self.interval)]
-        due.sort(key=lambda item: item[1].last)  # the longest unsampled first
+        # a suspect job's ranks first (what the budget pays for decides a verdict), then the
+        # longest unsampled
+        due.sort(key=lambda item: (not item[1].quick, item[1].last))
         taken = 0
         for key, want in due:
             if not self._pay():

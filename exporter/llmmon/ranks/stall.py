@@ -350,6 +350,7 @@ class JobVerdict:
     groups_of: Mapping[int, str]  # root -> its groups, in words
     fallback: str  # a stalled group's own sentence, where the graph names no root
     quiet: float  # seconds no rank here enqueued anything, when that is what stalled the job
+    lead: str = ""  # what stalled the job, said before the roots (the stacks' verdict)
 
     def json(self) -> dict[str, Any]:
         return {"stalled": self.stalled, "roots": list(self.roots),
@@ -363,7 +364,7 @@ class JobVerdict:
         the job is not stalled."""
         if not self.stalled:
             return ""
-        head = f"job {self.job_id}: "
+        head = f"job {self.job_id}: {self.lead}"
         roots = [f"rank {r} ({self.groups_of[r]}) " + (self.said.get(r) or "waits on nothing")
                  .replace("it is ", "is ", 1) for r in self.roots]
         waits = self._waits_text()
@@ -689,8 +690,14 @@ def _stack_job_verdict(job_id: str, job: _Job, seen: stacks.StackVerdict, now: f
         fallback = (f"job {job_id}: the ranks here wait in different collectives, as many in "
                     f"each, their stacks unchanged for {seen.unchanged:.0f} s: a desync; the "
                     "odd rank is the one whose collective differs from the other nodes'")
+    lead = ""
+    if roots and not waits:
+        lead = (f"every rank here has held its stack still outside torch.distributed for "
+                f"{seen.unchanged:.0f} s: every rank here is stuck before its next "
+                "collective; ")
     return JobVerdict(job_id, stalled, roots, graph, said,
-                      {r: "seen from outside, no reporter" for r in roots}, fallback, 0.0)
+                      {r: "seen from outside, no reporter" for r in roots}, fallback, 0.0,
+                      lead)
 
 
 def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],
