@@ -143,7 +143,10 @@ def init_container(settings: Settings) -> dict[str, Any]:
         "name": INIT_CONTAINER,
         "image": settings.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["llmmon", "copy-reporter", settings.reporter_dir],
+        "args": ["copy-reporter", settings.reporter_dir],  # the image's entrypoint: llmmon
+        # The image asks the NVIDIA runtime for every GPU (the DaemonSet's NVML needs them);
+        # a copy needs none.
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
         "volumeMounts": [{"name": REPORTER_VOLUME, "mountPath": settings.reporter_dir}],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
                       "limits": {"cpu": "500m", "memory": "128Mi"}},
