@@ -65,10 +65,13 @@ def test_the_init_containers_copy_starts_the_reporter_from_its_boot_dir(tmp_path
     boot dir on its path (none of this checkout) loads the reporter from the copy."""
     dest = tmp_path / "emptydir"
     dest.mkdir()
+    job_dir = tmp_path / "fr" / "team-a.llama"
     for _ in range(2):  # an init container that runs again replaces its copy
-        done = subprocess.run([sys.executable, "-m", "llmmon", "copy-reporter", str(dest)],
+        done = subprocess.run([sys.executable, "-m", "llmmon", "copy-reporter", str(dest),
+                               f"--job-dir={job_dir}"],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
+    assert job_dir.stat().st_mode & 0o777 == 0o777  # as `llmmon launch` leaves it
     boot = dest / "llmmon_reporter" / "boot"
     assert (boot / "sitecustomize.py").is_file()
     assert not list(dest.rglob("__pycache__")) and not list(dest.glob(".*"))
@@ -80,3 +83,15 @@ def test_the_init_containers_copy_starts_the_reporter_from_its_boot_dir(tmp_path
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout) == str(dest / "llmmon_reporter" / "__init__.py")
+
+
+def test_copy_reporter_never_fails_the_pod(tmp_path: Path):
+    """An init container that exits non-zero would stop the pod: problems are only logged."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    done = subprocess.run([sys.executable, "-m", "llmmon", "copy-reporter", str(blocked),
+                           f"--job-dir={blocked}/job"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0
+    assert "training runs without the reporter" in done.stderr
+    assert "cannot prepare" in done.stderr

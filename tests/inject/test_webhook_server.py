@@ -44,7 +44,11 @@ def test_each_owners_pod_is_patched_into_a_valid_pod_with_its_job_id(webhook, ow
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(out, version, strict=True)
     (init,) = out["spec"]["initContainers"]
-    assert (init["image"], init["args"]) == (IMAGE, ["copy-reporter", "/llmmon-reporter"])
+    assert (init["image"], init["args"]) == (IMAGE, [
+        "copy-reporter", "/llmmon-reporter", f"--job-dir=/run/llmmon/frpipe/{job}",
+        f"--job-dir=/var/lib/llmmon/fr/{job}"])  # torch makes neither; launch does
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {
+        "/llmmon-reporter", "/run/llmmon/frpipe", "/var/lib/llmmon/fr"}
     (trainer,) = out["spec"]["containers"]
     env = env_of(trainer)
     assert env["LLMMON_JOB"]["value"] == job
@@ -112,6 +116,9 @@ def test_what_the_user_set_is_kept_and_pythonpath_keeps_its_entries(webhook):
     assert trainer["LLMMON_JOB"] == user_env[2]  # by reference: the kubelet fills it in
     assert trainer["TORCH_FR_BUFFER_SIZE"]["value"] == "20000"  # mirrored from the user's
     assert trainer["TORCH_FR_DUMP_TEMP_FILE"]["value"] == "/var/lib/llmmon/fr/$(LLMMON_JOB)/rank_"
+    (init,) = out["spec"]["initContainers"]  # the kubelet expands its args from its own env
+    assert user_env[2] in init["env"]
+    assert "--job-dir=/var/lib/llmmon/fr/$(LLMMON_JOB)" in init["args"]
     # the user's own come first, in their order, so ours may refer to them
     assert [e["name"] for e in out["spec"]["containers"][0]["env"][:4]] == \
         [e["name"] for e in user_env]

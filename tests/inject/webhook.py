@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -162,3 +163,25 @@ class Webhook:
         assert answer["response"]["uid"] == sent["request"]["uid"]
         assert answer["response"]["allowed"] is True
         return answer, patched(pod, answer)
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def kubelet_environment(container: dict[str, Any], fields: dict[str, str]) -> dict[str, str]:
+    """The container's env as the kubelet resolves it: in order, `$(NAME)` expanded from what
+    was defined before it (left as is when nothing was, `$$` an escaped `$`), downward API
+    fields from `fields`. ConfigMaps and Secrets are not needed by these tests."""
+    env: dict[str, str] = {}
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    for item in container.get("env", []):
+        if "valueFrom" in item:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[item["name"]] = _REFERENCE.sub(expand, item.get("value", ""))
+    return env

@@ -67,14 +67,8 @@ def _prepare_dirs(env: Mapping[str, str], spool: str) -> None:
     if not os.path.isdir(spool):
         print(f"llmmon launch: spool {spool} does not exist; is the llmmon daemon running "
               "on this node? Training runs anyway, unreported.", file=sys.stderr)
-    for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
-        directory = os.path.dirname(env[key])
-        try:
-            os.makedirs(directory, exist_ok=True)
-            os.chmod(directory, 0o777)  # the daemon (another user) moves dumps, opens pipes
-        except OSError as exc:
-            print(f"llmmon launch: cannot prepare {directory}: {exc.strerror}; Flight Recorder "
-                  "dumps on request will not work", file=sys.stderr)
+    for problem in trainerenv.prepare_job_dirs(trainerenv.job_dirs(env)):
+        print(f"llmmon launch: {problem}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

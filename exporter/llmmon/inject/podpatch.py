@@ -69,12 +69,12 @@ def pod_patch(pod: Mapping[str, Any], namespace: str, settings: Settings) -> Jso
     _add_items(ops, spec, "/spec/volumes", [
         v for v in _volumes(settings)
         if v["name"] not in {x.get("name") for x in spec.get("volumes") or []}])
+    envs = [container_env(c, owner, settings) for c in spec.get("containers") or []]
     inits = spec.get("initContainers") or []
     if INIT_CONTAINER not in {c.get("name") for c in inits}:
         ops.append({"op": "add", "path": "/spec/initContainers",
-                    "value": [init_container(settings), *inits]})
-    for i, container in enumerate(spec.get("containers") or []):
-        env = container_env(container, owner, settings)
+                    "value": [init_container(settings, envs), *inits]})
+    for i, (container, env) in enumerate(zip(spec.get("containers") or [], envs)):
         if env != (container.get("env") or []):
             ops.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": env})
         mounts = container.get("volumeMounts") or []
@@ -136,18 +136,28 @@ def _prepend_boot(env: list[dict[str, Any]], boot_dir: str, env_from: bool) -> N
         env[index]["value"] = trainerenv.first_on_path(boot_dir, str(env[index].get("value", "")))
 
 
-def init_container(settings: Settings) -> dict[str, Any]:
-    """Copies the reporter into the emptyDir, as the image's unprivileged user: it passes the
-    restricted Pod Security profile, whatever the pod's own containers need."""
+def init_container(settings: Settings, envs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Copies the reporter into the emptyDir and makes the job's dump and pipe directories (as
+    `llmmon launch` does: torch creates neither), as the image's unprivileged user."""
+    values = [{e["name"]: e.get("value", "") for e in env} for env in envs]
+    dirs = sorted({d for v in values for d in trainerenv.job_dirs(v)
+                   if d.startswith((settings.fr_dir + "/", settings.pipe_dir + "/"))})
+    # A job id from valueFrom: the kubelet expands $(LLMMON_JOB) in args from this env.
+    by_reference = next(([e] for env in envs for e in env if e["name"] == "LLMMON_JOB"
+                         and "valueFrom" in e), [])
     return {
         "name": INIT_CONTAINER,
         "image": settings.image,
         "imagePullPolicy": "IfNotPresent",
-        "args": ["copy-reporter", settings.reporter_dir],  # the image's entrypoint: llmmon
+        # the image's entrypoint is llmmon
+        "args": ["copy-reporter", settings.reporter_dir, *(f"--job-dir={d}" for d in dirs)],
         # The image asks the NVIDIA runtime for every GPU (the DaemonSet's NVML needs them);
         # a copy needs none.
-        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
-        "volumeMounts": [{"name": REPORTER_VOLUME, "mountPath": settings.reporter_dir}],
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *by_reference],
+        "volumeMounts": [{"name": REPORTER_VOLUME, "mountPath": settings.reporter_dir},
+                         *({"name": name, "mountPath": path}
+                           for name, path in settings.host_dirs.items()
+                           if path in (settings.fr_dir, settings.pipe_dir))],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
                       "limits": {"cpu": "500m", "memory": "128Mi"}},
         "securityContext": {

@@ -7,7 +7,7 @@ admission webhook to what a pod's container spec shows, so the two never disagre
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from llmmon_reporter import layout
 
@@ -42,3 +42,26 @@ def first_on_path(directory: str, path: str) -> str:
     wanted = os.path.normpath(directory)
     rest = [p for p in path.split(os.pathsep) if p and os.path.normpath(p) != wanted]
     return os.pathsep.join([directory, *rest])
+
+
+# The variables whose directories must exist before torch writes a dump or makes its pipe.
+JOB_DIR_VARIABLES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+
+
+def job_dirs(env: Mapping[str, str]) -> list[str]:
+    """The job's dump and pipe directories, as `environment` names them."""
+    return [os.path.dirname(env[key]) for key in JOB_DIR_VARIABLES if env.get(key)]
+
+
+def prepare_job_dirs(directories: Iterable[str]) -> list[str]:
+    """Create them open to all (the daemon, another user, moves dumps and opens pipes); the
+    problems, in words: a job must start even when this is not possible."""
+    problems = []
+    for directory in directories:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            os.chmod(directory, 0o777)
+        except OSError as exc:
+            problems.append(f"cannot prepare {directory}: {exc.strerror}; Flight Recorder "
+                            "dumps on request will not work")
+    return problems

@@ -1,0 +1,59 @@
+"""A virtual environment that holds torch and nothing else: where a trainer's reporter must
+run without any package of the daemon's (shared by the slow tests that start such trainers).
+
+"Only torch" is a venv without pip whose site-packages holds torch and the distributions torch
+requires (linked from this interpreter's installation, resolved from their metadata), and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+import venv
+from importlib import metadata
+from pathlib import Path
+
+
+def _requirements(name: str, seen: set[str]) -> None:
+    """The distributions `name` needs on this interpreter, recursively (markers evaluated)."""
+    from packaging.requirements import Requirement
+
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in seen:
+        return
+    seen.add(key)
+    for text in metadata.requires(name) or []:
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            try:
+                metadata.distribution(requirement.name)
+            except metadata.PackageNotFoundError:
+                continue  # optional on this platform and not installed: torch runs without it
+            _requirements(requirement.name, seen)
+
+
+def _top_level(name: str) -> set[str]:
+    """The importable top-level names a distribution installs (packages and modules)."""
+    tops = set()
+    for file in metadata.distribution(name).files or []:
+        first = file.parts[0]
+        if first.endswith((".dist-info", ".data")) or first in ("..", "__pycache__"):
+            continue
+        tops.add(first)
+    return tops
+
+
+def torch_only_venv(where: Path) -> Path:
+    """A venv whose site-packages has torch and what torch requires; returns its python."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(where),
+                                                       "platbase": str(where)}))
+    needed: set[str] = set()
+    _requirements("torch", needed)
+    source = Path(sysconfig.get_path("purelib"))
+    for dist in needed:
+        for top in _top_level(dist):
+            if (source / top).exists() and not (purelib / top).exists():
+                (purelib / top).symlink_to(source / top)
+    return where / "bin" / "python"
