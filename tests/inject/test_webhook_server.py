@@ -163,6 +163,21 @@ def test_hostile_bodies_get_a_clear_400(webhook, body, says):
     assert webhook.process.poll() is None
 
 
+def test_a_huge_body_without_a_length_is_cut_off_as_it_streams(webhook):
+    def chunks():  # chunked transfer: no Content-Length to refuse it by; 16 MiB of spaces,
+        for _ in range(64):  # which read whole would be "not JSON", not "over the limit"
+            yield b" " * (256 * 1024)
+    try:
+        reply = requests.post(webhook.url + "/mutate", data=chunks(), timeout=30,
+                              verify=str(webhook.tls.ca))
+    except requests.exceptions.ConnectionError:
+        reply = None  # the server answered and closed while we still sent: also a refusal
+    if reply is not None:
+        assert reply.status_code == 400 and "over the" in reply.json()["error"]
+    assert webhook.process.poll() is None
+    assert requests.get(webhook.url + "/healthz", verify=str(webhook.tls.ca), timeout=5).ok
+
+
 @pytest.mark.parametrize("obj, kwargs, warns", [
     ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {}},
      {"kind": "Deployment", "group": "apps"}, True),
