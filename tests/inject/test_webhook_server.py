@@ -127,6 +127,8 @@ def test_what_the_user_set_is_kept_and_pythonpath_keeps_its_entries(webhook):
     assert side["LLMMON_USER_PYTHONPATH"]["valueFrom"] == sidecar["env"][0]["valueFrom"]
     assert side["PYTHONPATH"]["value"] == f"{boot}:$(LLMMON_USER_PYTHONPATH)"
     assert bare["PYTHONPATH"]["value"] == f"{boot}:$(PYTHONPATH)"  # envFrom's, if it has one
+    again, twice = webhook.admit(out)
+    assert "patch" not in again["response"] and twice == out
 
 
 def test_existing_volumes_and_mounts_of_the_shared_directories_are_reused(webhook):

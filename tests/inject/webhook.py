@@ -49,6 +49,7 @@ OWNERS: dict[str, tuple[dict[str, Any], str]] = {
         "training.kubeflow.org/replica-index": "0"},
         ("kubeflow.org/v1", "PyTorchJob", "llama")), "team-a.llama"),
     "trainjob": (_pod("ft-run-node-0-0-x2k9d", {
+        "trainer.kubeflow.org/trainjob-name": "ft-run",
         "jobset.sigs.k8s.io/jobset-name": "ft-run",
         "jobset.sigs.k8s.io/replicatedjob-name": "node",
         "jobset.sigs.k8s.io/job-index": "0",

@@ -17,9 +17,11 @@ LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 
 # (label, owner kind), most specific first: a JobSet's pods also carry the label of the batch
-# Job it made for them, and a Kubeflow Trainer TrainJob runs as a JobSet of its own name.
+# Job it made for them, and a Kubeflow Trainer TrainJob runs as a JobSet of its own name (whose
+# label identifies it where the Trainer is too old to set its own).
 JOB_LABELS: tuple[tuple[str, str], ...] = (
     ("training.kubeflow.org/job-name", "PyTorchJob"),
+    ("trainer.kubeflow.org/trainjob-name", "TrainJob"),
     ("jobset.sigs.k8s.io/jobset-name", "JobSet"),
     ("volcano.sh/job-name", "Volcano Job"),
     ("batch.kubernetes.io/job-name", "Job"),
