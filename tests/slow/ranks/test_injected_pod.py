@@ -65,12 +65,13 @@ def run_init_container(pod: dict[str, Any]) -> None:
 
 def job_view(url: str, job: str, seen: dict[str, Any]) -> dict[str, Any] | None:
     """The job's document in the daemon's /api/v1/ranks once both ranks report and its
-    verdict names a root."""
+    verdict has settled on the hang: rank 1 the root, rank 0 waiting for it."""
     doc = requests.get(url + "/api/v1/ranks", timeout=5).json()
     seen["jobs"] = {j["job_id"]: j["verdict"] for j in doc["jobs"]}
     found = next((j for j in doc["jobs"] if j["job_id"] == job), None)
-    if found and len(found["ranks"]) == 2 and found["verdict"]["stalled"] \
-            and found["verdict"]["roots"]:
+    verdict = found["verdict"] if found else {}
+    if found and len(found["ranks"]) == 2 and verdict["stalled"] and verdict["roots"] == [1] \
+            and any(w["rank"] == 0 and w["on"] == [1] for w in verdict["waits"]):
         return found
     return None
 
