@@ -11,6 +11,7 @@ spool. The same trainer is then run under `llmmon launch`, and the two verdicts 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,6 +79,7 @@ def job_view(url: str, job: str, seen: dict[str, Any]) -> dict[str, Any] | None:
 
 def hang(command: list[str], env: dict[str, str], cwd: Path, url: str, job: str
          ) -> dict[str, Any]:
+    (cwd / "out").mkdir()  # where the trainer writes its results
     log_path = cwd / f"{job}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log,
@@ -90,7 +92,8 @@ def hang(command: list[str], env: dict[str, str], cwd: Path, url: str, job: str
         return wait_for(named, 300, f"job {job}'s hang to be named", interval=0.5,
                         context=lambda: seen)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and its ranks: the group we started
+        with contextlib.suppress(ProcessLookupError):  # the group we started: torchrun, ranks
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)
 
 
@@ -136,7 +139,8 @@ def test_an_injected_pod_reports_and_its_hang_is_named_as_under_launch(tmp_path:
     assert all(r["reporter"]["errors_total"] == 0 for r in injected["ranks"]), injected["ranks"]
     assert injected["verdict"]["roots"] == [1], injected["verdict"]
     assert injected["verdict"]["summary"].startswith(f"job {JOB}: rank 1 ("), injected["verdict"]
-    assert "rank 0 waits in" in injected["verdict"]["summary"]
+    assert "rank 0 waits in world all_reduce #21 (group 0) for rank 1" in \
+        injected["verdict"]["summary"]
 
     # The same trainer under `llmmon launch` (run from this checkout, which it does not pass
     # on: the trainer's PYTHONPATH holds the boot dir alone).
