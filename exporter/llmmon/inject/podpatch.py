@@ -21,7 +21,7 @@ from llmmon.inject.owner import Owner, job_owner
 from llmmon_reporter import layout
 
 OPT_IN_LABEL = "llmmon.io/inject"
-INJECTED_ANNOTATION = "llmmon.io/injected"  # its value: the job id the ranks report under
+INJECTED_ANNOTATION = "llmmon.io/injected"  # its value: the job id derived from the owner
 INIT_CONTAINER = "llmmon-reporter"
 REPORTER_VOLUME = "llmmon-reporter"
 # A PYTHONPATH that comes from valueFrom is read into this first, then referenced.
