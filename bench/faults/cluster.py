@@ -4,11 +4,15 @@ Each node is a directory (spool, Flight Recorder dumps, dump pipes) with its own
 `llmmon serve` at default settings; Prometheus scrapes both with the labels a DaemonSet's
 service discovery would give (`node`, `cluster`) and loads the shipped rules unchanged;
 Alertmanager routes with the shipped tree (group_wait/interval unchanged) to a local webhook.
-A job is two `torchrun --nnodes 2` launches under `llmmon launch`, one per node, each in its
-own network namespace; the namespaces are joined by a veth pair, so a tc qdisc on it degrades
-exactly the traffic between the nodes.  Everything started here is stopped by PID (torchrun's
-process group, every rank's PID, every PID left in the job's namespaces), and the namespaces
-are deleted, whatever happens.
+A job is two `torchrun --nnodes 2` launches, one per node, each in its own network namespace;
+the namespaces are joined by a veth pair, so a tc qdisc on it degrades exactly the traffic
+between the nodes.  Under `llmmon launch` (the reporter in every rank), or plain (`reporter`
+off): torchrun from a virtual environment that holds torch only (bench/faults/torchvenv.py),
+as a job whose owners never heard of llmmon.  Each node's daemon and jobs share a PID
+namespace of their own (bench/faults/pidns.py): a daemon sees its node's processes only, as on
+a real node, which is what finding ranks without the reporter needs.  Everything started here
+is stopped by PID (torchrun's process group, every rank's PID, every PID left in the job's
+namespaces, each node's PID namespace), and the namespaces are deleted, whatever happens.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.faults.pidns import PidNamespace
+from bench.faults.torchvenv import torch_only_venv
 from llmmon.simulate import stack
+from llmmon_reporter import identity
 from llmmon.simulate.exporters import free_port, stop_process
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -33,6 +40,7 @@ NODES = ("node-a", "node-b")
 CLUSTER = "bench"
 # Namespaces of this run (the pid keeps concurrent runs apart; veth names stay under 16 bytes).
 NS_PREFIX = f"lf{os.getpid() % 4096:03x}"
+MASTER_PORT = 29400
 SCRAPE = "15s"  # deploy/prometheus/prometheus.yml's scrape and evaluation interval
 
 
@@ -65,6 +73,7 @@ def kill_pid(pid: int) -> None:
 class Node:
     name: str
     root: Path
+    ns: PidNamespace
     url: str = ""
     process: subprocess.Popen[bytes] | None = None
 
@@ -88,7 +97,9 @@ class Cluster:
     work: Path
     names: tuple[str, ...] = NODES
     alerting: bool = True  # Prometheus and Alertmanager too (the H200 variant has neither)
+    reporter: bool = True  # jobs under `llmmon launch`; off: plain torchrun, torch only
     nodes: list[Node] = field(default_factory=list)
+    python: str = sys.executable  # the jobs' interpreter (plain: the torch-only venv's)
     servers: list[stack.ServiceProcess] = field(default_factory=list)
     receiver: stack.WebhookReceiver | None = None
 
@@ -111,22 +122,27 @@ class Cluster:
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": pythonpath()}
+        if self.local and not self.reporter:
+            raise ValueError("jobs without the reporter run over two nodes (their job id is "
+                             "their rendezvous endpoint's)")
+        if not self.reporter:
+            self.python = str(torch_only_venv(self.work / "torch-only"))
         targets = []
         for name in self.names:
-            node = Node(name, self.work / name)
+            node = Node(name, self.work / name, PidNamespace().__enter__())
+            self.nodes.append(node)
             for path in (node.spool, node.fr_dir, node.pipe_dir):
                 path.mkdir(parents=True, exist_ok=True)
             port = free_port("127.0.0.1")
             node.url = f"http://127.0.0.1:{port}"
             with open(node.root / "serve.log", "ab") as log:
-                node.process = subprocess.Popen(
+                node.process = subprocess.Popen(node.ns.command(
                     [sys.executable, "-m", "llmmon", "serve",
                      f"--web.listen-address=127.0.0.1:{port}", f"--spool.dir={node.spool}",
                      f"--collector.ranks.fr-dir={node.fr_dir}",
-                     f"--collector.ranks.pipe-dir={node.pipe_dir}"],
+                     f"--collector.ranks.pipe-dir={node.pipe_dir}"]),
                     env=env, cwd=node.root, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL)
-            self.nodes.append(node)
             targets.append({"targets": [f"127.0.0.1:{port}"],
                             "labels": {"node": name, "cluster": CLUSTER}})
         for node in self.nodes:
@@ -168,6 +184,7 @@ class Cluster:
         for node in self.nodes:
             if node.process is not None:
                 stop_process(node.process)
+            node.ns.__exit__()
         if self.receiver is not None:
             self.receiver.close()
 
@@ -218,6 +235,14 @@ class Job:
     def veth(self, node: int) -> str:
         return f"{NS_PREFIX}{self.index}{'ab'[node]}v"
 
+    @property
+    def monitored_id(self) -> str:
+        """The job id the daemons give the job: its own under `llmmon launch`; without the
+        reporter, the one both sides derive from its rendezvous endpoint (nothing set)."""
+        if self.cluster.reporter:
+            return self.job_id
+        return identity.rendezvous_job(f"{self.address(0)}:{MASTER_PORT}")
+
     def pod(self, node: int) -> str:
         return f"{self.job_id}-{NODES[node]}"
 
@@ -265,33 +290,63 @@ class Job:
         where = self.cluster.nodes[node]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMMON_", "TORCH"))}
         env.update(PYTHONPATH=pythonpath(), OMP_NUM_THREADS="1", POD_NAMESPACE=CLUSTER)
-        launch = [sys.executable, "-m", "llmmon", "launch", "--job", self.job_id,
-                  "--spool", str(where.spool), "--fr-dir", str(where.fr_dir),
-                  "--pipe-dir", str(where.pipe_dir), "--",
-                  sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        torchrun = [self.cluster.python, "-m", "torch.distributed.run",
+                    "--nproc-per-node", str(nproc)]
+        if self.cluster.reporter:
+            launch = [sys.executable, "-m", "llmmon", "launch", "--job", self.job_id,
+                      "--spool", str(where.spool), "--fr-dir", str(where.fr_dir),
+                      "--pipe-dir", str(where.pipe_dir), "--", *torchrun]
+        else:  # only the checkout's bench package on the path: the trainer and its mesh jobs
+            env.update(PYTHONPATH=str(CHECKOUT))
+            launch = torchrun
         trainer = [str(TRAINER), "--ctl", str(self.ctl), *self.trainer_args]
         if self.cluster.local:
-            command = [*launch, "--standalone", *trainer]
+            command = where.ns.command([*launch, "--standalone", *trainer])
         else:
             env.update(GLOO_SOCKET_IFNAME=self.veth(node))
-            # Its own UTS namespace too: the hostname (the reporter's `pod`) is the node's pod.
-            command = ["ip", "netns", "exec", self.ns(node), "unshare", "--uts", "sh", "-c",
-                       'hostname "$0" && exec "$@"', self.pod(node), *launch,
-                       "--nnodes", "2", "--node-rank", str(node),
-                       "--master-addr", self.address(0), "--master-port", "29400", *trainer]
+            # Its own UTS namespace too: the hostname (the reporter's `pod`) is the node's pod,
+            # and HOSTNAME, as a container runtime sets it (a daemon reads it from outside).
+            # Into the node's PID namespace after the network one: `ip netns exec` finds the
+            # network namespaces among the host's mounts.
+            command = ["ip", "netns", "exec", self.ns(node), *where.ns.command([
+                "unshare", "--uts", "sh", "-c", 'hostname "$0" && HOSTNAME="$0" exec "$@"',
+                self.pod(node), *launch, "--nnodes", "2", "--node-rank", str(node),
+                "--master-addr", self.address(0), "--master-port", str(MASTER_PORT), *trainer],
+                mount=False)]
         with open(self.work / f"{where.name}.log", "ab") as log:
             self.launches.append(subprocess.Popen(
                 command, env=env, cwd=self.work, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True))
 
     def rank_pids(self) -> dict[int, int]:
+        """Each rank's pid on this machine (the ranks write theirs as their node's PID
+        namespace numbers it)."""
         pids = {}
         for path in self.ctl.glob("pid.*"):
             try:
-                pids[int(path.suffix[1:])] = int(path.read_text())
+                rank, pid = int(path.suffix[1:]), int(path.read_text())
             except ValueError:
                 continue
+            for node in self.cluster.nodes:
+                host = node.ns.host_pid(pid)
+                try:
+                    if host is not None and str(self.ctl).encode() in Path(
+                            f"/proc/{host}/cmdline").read_bytes():
+                        pids[rank] = host
+                except OSError:
+                    continue
         return pids
+
+    def steps(self) -> dict[int, int]:
+        """The steps each rank has done, as it last wrote them (every rank writes its count
+        into the control directory: jobs without the reporter report none to the daemon)."""
+        out = {}
+        for path in self.ctl.glob("step.*"):
+            try:
+                out[int(path.suffix[1:])] = int(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
 
     def onset(self) -> float | None:
         """The earliest fault onset a rank wrote (Unix time)."""

@@ -48,7 +48,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
 from bench.faults import faultpoints as fp
 from bench.faults.moe import MoE
 from bench.faults.trainer import (fault_step, leave_or_freeze, load_next_batch, mark_onset,
-                                  reporter)
+                                  report_step)
 
 DIM = 256
 BATCH = 64
@@ -201,7 +201,5 @@ def train(args: argparse.Namespace, rank: int) -> None:
         optimiser.zero_grad()
         loss = job.step(data)
         optimiser.step()
-        if reporter is not None:
-            nan = culprit and fault == "nan"
-            reporter.step(tokens=BATCH, loss=float("nan") if nan else loss)
         step += 1
+        report_step(args.ctl, rank, step, loss, culprit and fault == "nan")

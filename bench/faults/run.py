@@ -59,11 +59,12 @@ class Run:
 
     def up_ranks(self, ranks: dict[str, dict[str, Any]]) -> int:
         """Ranks that report and (with a warm-up) have stepped: the warm-up counts from the first
-        steps; a class without one is watched from the first report (slow-start's long step 0)."""
-        return sum(1 for answer in ranks.values() for job in answer.get("jobs", [])
-                   if job.get("job_id") == self.job.job_id
-                   for rank in job.get("ranks", [])
-                   if rank.get("up") and (rank.get("steps") or not self.fault.warmup))
+        steps; a class without one is watched from the first report (slow-start's long step 0).
+        Without the reporter the daemons know no steps: the ranks' own count says."""
+        stepped = self.job.steps()
+        return sum(1 for rank in job_ranks(ranks, self.job.monitored_id)
+                   if rank.get("up") and (rank.get("steps") or stepped.get(rank["rank"])
+                                          or not self.fault.warmup))
 
     def finished(self, now: float, needed: tuple[str, ...]) -> bool:
         """The window is over, or every `needed` source named the culprit and the cause."""
@@ -84,7 +85,8 @@ class Run:
         return {
             "class": self.fault.name,
             "notes": self.fault.notes + (f" (used: {self.shaped})" if self.shaped else ""),
-            "job_id": self.job.job_id, "culprit": self.fault.culprit,
+            "job_id": self.job.job_id, "monitored_id": self.job.monitored_id,
+            "culprit": self.fault.culprit,
             "must_not_page": self.fault.must_not_page, "window_s": self.fault.window,
             "error": self.error,
             "detected": None if self.fault.must_not_page else bool(named),
@@ -117,9 +119,8 @@ def _go(run: Run, now: float, ranks: dict[str, dict[str, Any]]) -> None:
     if fault.qdiscs:
         run.shaped = run.job.degrade(fault.qdiscs)
         run.onset = now
-    steps = [rank.get("steps") or 0 for answer in ranks.values()
-             for job in answer.get("jobs", []) if job.get("job_id") == run.job.job_id
-             for rank in job.get("ranks", [])]
+    steps = [rank.get("steps") or 0 for rank in job_ranks(ranks, run.job.monitored_id)]
+    steps += run.job.steps().values()
     temporary = run.job.ctl / ".go"
     temporary.write_text(str(max(steps, default=0) + GO_AHEAD))
     temporary.rename(run.job.ctl / "go")
@@ -151,38 +152,45 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
     if run.job_ended_at is None and run.job.ended():
         run.job_ended_at = now
     t = round(now - run.onset, 1)
-    world = fault.world
-    text, blamed = watch.api(ranks, run.job.job_id, world)
-    run.sources["api"].observe(t, text, blamed, fault, run.job.job_id)
+    world, job_id = fault.world, run.job.monitored_id
+    text, blamed = watch.api(ranks, job_id, world)
+    run.sources["api"].observe(t, text, blamed, fault, job_id)
     if diagnosed:
-        text, blamed = watch.diagnose(diagnosed, run.job.job_id, world)
-        run.sources["diagnose"].observe(t, text, blamed, fault, run.job.job_id)
-    text, blamed, count = watch.pages(notes, run.job.job_id, ("pager",))
+        text, blamed = watch.diagnose(diagnosed, job_id, world)
+        run.sources["diagnose"].observe(t, text, blamed, fault, job_id)
+    text, blamed, count = watch.pages(notes, job_id, ("pager",))
     run.pages = count
-    tickets, ticket_blamed, _ = watch.pages(notes, run.job.job_id, ("tickets",))
+    tickets, ticket_blamed, _ = watch.pages(notes, job_id, ("tickets",))
     run.tickets = [line.split(":")[0] for line in tickets.splitlines()]
     # The notification column: pages, and tickets for the classes whose alert is a warning.
     run.sources["page"].observe(t, "\n".join(filter(None, (text, tickets))),
-                                blamed | ticket_blamed, fault, run.job.job_id)
+                                blamed | ticket_blamed, fault, job_id)
     if run.finished(now, (*needed, "page") if fault.needs_page else needed):
         run.phase = "done"
+
+
+def job_ranks(ranks: dict[str, dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
+    """The job's ranks in the daemons' /api/v1/ranks answers."""
+    return [rank for answer in ranks.values() for job in answer.get("jobs", [])
+            if job.get("job_id") == job_id for rank in job.get("ranks", [])]
 
 
 def bench(selected: list[FaultClass], parallel: int, work: Path,
           needed: tuple[str, ...] = SOURCES, names: tuple[str, ...] = NODES,
           alerting: bool = True, prefix: str = "faults", poll: float = POLL,
-          done: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
-          ) -> list[dict[str, Any]]:
+          done: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+          reporter: bool = True) -> list[dict[str, Any]]:
     """Run `selected`: background classes all at once, the others `parallel` at a time; a
     class ends when its window does, or once every `needed` source named culprit and cause.
     One of `names` is one local node, and without `alerting` no Prometheus or Alertmanager
-    runs (the H200 variant).  `done(result, ranks)` reports each class as it ends (default:
-    its table row)."""
+    runs (the H200 variant).  Without `reporter` the jobs are plain torchrun from a venv that
+    holds torch only.  `done(result, ranks)` reports each class as it ends (default: its
+    table row)."""
     results: list[dict[str, Any]] = []
     queue = sorted(selected, key=lambda c: not c.background)
     active: list[Run] = []
     index = 0
-    with Cluster(work, names=names, alerting=alerting) as cluster:
+    with Cluster(work, names=names, alerting=alerting, reporter=reporter) as cluster:
         print(f"daemons {[n.url for n in cluster.nodes]}, prometheus "
               f"{cluster.prometheus if cluster.alerting else '-'}", flush=True)
         polls = 0
@@ -286,7 +294,9 @@ def measured(metas: list[dict[str, Any]]) -> str:
     """How each run of the table was made; a class of a later run replaces the earlier one's."""
     runs = [f"{m['finished']} on {m['machine']}, `--parallel {m['parallel']}`"
             + (f", healthy run {m['healthy_s']:.0f} s" if "healthy" in m["classes"] else "")
-            + f", classes `{','.join(m['classes'])}`" for m in metas]
+            + f", classes `{','.join(m['classes'])}`"
+            + (f", jobs: {m['mode']}" if m.get("mode", "reporter") != "reporter" else "")
+            for m in metas]
     if len(runs) == 1:
         return f"Measured {runs[0]}."
     return ("Measured " + "; then ".join(runs)
@@ -318,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-result", "--docs", dest="docs", action="store_true",
                         help="write the dated result docs/benchmarks/<date>-faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--no-reporter", dest="reporter", action="store_false",
+                        help="plain torchrun jobs from a venv that holds torch only (nothing "
+                        "of llmmon in them): the daemons find the ranks themselves")
     parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print (and with --write-result write) the table of "
                         "results files; a class in a later file replaces the earlier one")
@@ -351,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="llmmon-faults-", dir=shm))
     started = time.time()
     try:
-        results = bench(selected, args.parallel, work)
+        results = bench(selected, args.parallel, work, reporter=args.reporter,
+                        prefix="faults" if args.reporter else "plain")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -362,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
             "healthy_s": args.healthy, "parallel": args.parallel,
             "classes": [c.name for c in selected], "nodes": list(NODES),
+            "mode": "reporter" if args.reporter else "plain torchrun, no reporter",
             "cause_without_job_id": True}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

@@ -124,6 +124,18 @@ def mark_onset(ctl: Path, rank: int) -> None:
     (ctl / f"onset.{rank}").write_text(f"{time.time():.3f}\n")
 
 
+def report_step(ctl: Path, rank: int, step: int, loss: torch.Tensor | None, nan: bool) -> None:
+    """A finished step: to the reporter (steps, tokens, the loss: None on a pipeline's first
+    stage) when it runs, and, every ten steps, into `<ctl>/step.<rank>` for the harness, which
+    sees no steps of a job without it."""
+    if reporter is not None:
+        reporter.step(tokens=64, loss=float("nan") if nan else loss)
+    if step % 10 == 0:
+        temporary = ctl / f".step.{rank}"
+        temporary.write_text(str(step))
+        temporary.rename(ctl / f"step.{rank}")
+
+
 def leave_or_freeze(fault: str) -> None:
     """The culprit's faults that end or freeze its process."""
     if fault == "exit":
@@ -203,10 +215,8 @@ def train_ddp(args: argparse.Namespace, rank: int) -> None:
         optimiser.zero_grad()
         loss.backward()  # DDP's all-reduce of the gradients
         optimiser.step()
-        if reporter is not None:
-            nan = culprit and fault == "nan"
-            reporter.step(tokens=64, loss=float("nan") if nan else loss.detach())
         step += 1
+        report_step(args.ctl, rank, step, loss.detach(), culprit and fault == "nan")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def test_set_overrides_a_threshold() -> None:
     hang = [rule["expr"] for rule in rules if rule.get("alert") == "LLMTrainingHang"]
     gate = [rule["expr"] for rule in rules
             if rule.get("record") == "job_id_pg:llmmon_nccl_stalled_seconds:over_threshold"]
-    assert len(hang) == 5 and len(gate) == 1 and not any("180" in expr for expr in hang + gate)
+    assert len(hang) == 7 and len(gate) == 1 and not any("180" in expr for expr in hang + gate)
     # the gate of every rule but no_rank_enqueues' (a working rank holds that one off for good)
     assert "> 20)" in gate[0]
     assert sum("stalled_seconds:over_threshold" in expr for expr in hang) == 4

@@ -63,6 +63,14 @@ def test_nfs_drop_in_verifies_and_adds_exactly_one_named_capability(tmp_path):
                      "AmbientCapabilities": ["CAP_DAC_READ_SEARCH"]}
 
 
+def test_zero_touch_drop_in_verifies_and_adds_exactly_one_named_capability(tmp_path):
+    drop_in = (SYSTEMD / "zero-touch.conf").read_text()
+    out = verify(tmp_path, unit(drop_in))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert service_settings(drop_in) == {"CapabilityBoundingSet": ["CAP_SYS_PTRACE"],
+                                         "AmbientCapabilities": ["CAP_SYS_PTRACE"]}
+
+
 def test_kernel_log_drop_in_verifies_and_only_shows_the_kernel_log_to_one_capability(tmp_path):
     drop_in = (SYSTEMD / "kernel-log.conf").read_text()
     out = verify(tmp_path, unit(drop_in))

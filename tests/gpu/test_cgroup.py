@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmon.gpu.cgroup import PodRef, parse_cgroup, pod_of
+from llmmon.gpu.cgroup import PodRef, SlurmRef, owners_of, parse_cgroup, parse_slurm
 from llmmon.sources.fs import RootedFS
 from tests.gpu.conftest import PROC
 
@@ -23,15 +23,15 @@ CONTAINER = "038603692f9ae5f4e6164b7226b59f1f34b10458eaf20ece8f7ca768097e0883"
      "73285fdbe67c"),
 ])
 def test_fixture_shapes(pid: int, shape: str, pod_uid: str, container: str) -> None:
-    ref = pod_of(RootedFS(str(PROC)), pid)
+    ref, _ = owners_of(RootedFS(str(PROC)), pid)
     assert ref.pod_uid == pod_uid, shape
     assert ref.container_id[:12] == container and len(ref.container_id) == 64, shape
 
 
 def test_processes_outside_kubernetes_or_gone() -> None:
     procfs = RootedFS(str(PROC))
-    assert pod_of(procfs, 41008) == PodRef()  # a login session
-    assert pod_of(procfs, 41009) == PodRef()  # exited: no /proc entry
+    assert owners_of(procfs, 41008) == (PodRef(), SlurmRef())  # a login session
+    assert owners_of(procfs, 41009) == (PodRef(), SlurmRef())  # exited: no /proc entry
 
 
 def test_pod_without_a_container_cgroup_yet() -> None:
@@ -43,3 +43,29 @@ def test_pod_without_a_container_cgroup_yet() -> None:
 def test_a_word_that_merely_contains_pod_is_not_a_pod() -> None:
     assert parse_cgroup("0::/system.slice/podman-3a1b.scope\n") == PodRef()
     assert parse_cgroup(f"0::/machine.slice/docker-{CONTAINER}.scope\n") == PodRef()
+
+
+@pytest.mark.parametrize("pid, shape, job, step", [
+    (41010, "v1, a numbered step's task", "4242", "0"),
+    (41011, "v2, the batch step", "4243", "batch"),
+    (41012, "v2, one of several slurmd on a host", "977", "3"),
+])
+def test_slurm_tasks(pid: int, shape: str, job: str, step: str) -> None:
+    procfs = RootedFS(str(PROC))
+    assert owners_of(procfs, pid) == (PodRef(), SlurmRef(job, step)), shape
+
+
+@pytest.mark.parametrize("pid", [41000, 41008, 41009, 41013])
+def test_not_a_slurm_task(pid: int) -> None:
+    """A pod, a login session, a process gone, slurmstepd's own cgroup."""
+    assert owners_of(RootedFS(str(PROC)), pid)[1] == SlurmRef()
+
+
+@pytest.mark.parametrize("text", [
+    "0::/slurm/uid_x/job_1/step_0/task_0\n",  # uid not a number
+    "0::/system.slice/slurmstepd.scope/job_/step_0\n",
+    "0::/system.slice/slurmstepd.scope/job_12/step_evil/user/task_0\n",
+    "0::/home/job_12/step_0\n",  # a directory that only looks like it
+])
+def test_what_only_looks_like_a_slurm_cgroup(text: str) -> None:
+    assert parse_slurm(text) == SlurmRef()

@@ -108,7 +108,13 @@ def ranks_config(**overrides: Any) -> dict[str, Any]:
 
 
 def make_collector(spool: Path, tmp: Path, **overrides: Any) -> RanksCollector:
-    overrides = {"fr_dir": str(tmp / "fr"), "pipe_dir": str(tmp / "pipe"), **overrides}
+    """A ranks collector on `spool` and the real procfs.  It follows the spool's ranks only
+    (`discover` off) unless told: every simulated node of these tests shares this machine's
+    PID namespace, so a rank that plays one on another node (`--culprit-unwatched`) would be
+    found here; discovery is tested in namespaces of its own (tests/slow/ranks/
+    test_outside_job.py)."""
+    overrides = {"fr_dir": str(tmp / "fr"), "pipe_dir": str(tmp / "pipe"), "discover": False,
+                 **overrides}
     return RanksCollector(Environment(RootedFS("/sys"), RootedFS("/proc")),
                           ranks_config(spool_dir=str(spool), **overrides))
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context, Environment
-from llmmon.gpu.cgroup import pod_of
+from llmmon.gpu.cgroup import owners_of
 from llmmon.gpu.clock_events import decompose
 from llmmon.gpu.peak_flops import peak_flops
 from llmmon.gpu.power import PowerSampler
@@ -180,9 +180,11 @@ XID_UNATTRIBUTED = MetricSpec("llmmon_gpu_xid_unattributed_errors", "gauge",
 XID_WATCHED = _spec("llmmon_gpu_xid_watched", "gauge",
                     "1 if this GPU is registered for XID events.")
 PROCESS_INFO = _spec("llmmon_gpu_process_info", "info",
-                     "A compute process on the GPU and its Kubernetes pod UID and container ID "
-                     "(from /proc/<pid>/cgroup; empty outside Kubernetes).",
-                     "pid", "pod_uid", "container_id")
+                     "A compute process on the GPU, its Kubernetes pod UID and container ID, "
+                     "and its Slurm job and step (from /proc/<pid>/cgroup; empty outside "
+                     "Kubernetes, Slurm). The pid joins llmmon_rank_info of a rank followed "
+                     "without the reporter (uuid_job_id:llmmon_rank_info:max_up).",
+                     "pid", "pod_uid", "container_id", "slurm_job_id", "slurm_step")
 PROCESS_MEMORY = _spec("llmmon_gpu_process_memory_bytes", "gauge",
                        "GPU memory used by a compute process.", "pid")
 
@@ -529,8 +531,9 @@ class GpuCollector(Collector):
     def _processes(self, reader: _Reader, out: list[Sample]) -> None:
         for process in reader.call("compute_procs") or ():
             pid = str(process["pid"])
-            pod = pod_of(self.env.procfs, process["pid"])
-            out.append((PROCESS_INFO, (pid, pod.pod_uid, pod.container_id), 1.0))
+            pod, slurm = owners_of(self.env.procfs, process["pid"])
+            out.append((PROCESS_INFO, (pid, pod.pod_uid, pod.container_id, slurm.job_id,
+                                       slurm.step), 1.0))
             if process.get("usedGpuMemory") is not None:
                 out.append((PROCESS_MEMORY, (pid,), process["usedGpuMemory"]))
 

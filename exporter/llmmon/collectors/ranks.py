@@ -24,6 +24,11 @@ from llmmon.ranks.ingest import SpoolIngest
 from llmmon.ranks.ledger import DURATION_BUCKETS, Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, seen_alive
 from llmmon.ranks.netns import Member, TcpWatch
+from llmmon.ranks.discover import SEEN_FROM_OUTSIDE
+from llmmon.ranks.outside import OutsideRanks
+from llmmon.ranks.stacks import StackVerdict
+from llmmon.ranks.stacksampler import StackSampler
+from llmmon.sources import pyspy
 from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
 from llmmon.sources.spool import SpoolSource
 
@@ -42,8 +47,11 @@ def _pg(name: str, help_text: str) -> MetricSpec:
 
 
 RANK_INFO = MetricSpec(
-    "llmmon_rank_info", "info", "A training rank seen in the spool; join on job_id and rank.",
-    ("job_id", "rank", "local_rank", "world_size", "uuid", "pod", "namespace", "pid"))
+    "llmmon_rank_info", "info",
+    "A training rank followed on this node; join on job_id and rank. source: reporter (its "
+    "spool file; pid as the rank sees it) or procfs (found without the reporter; pid as the "
+    "daemon sees it, which joins llmmon_gpu_process_info).",
+    ("job_id", "rank", "local_rank", "world_size", "uuid", "pod", "namespace", "pid", "source"))
 RANK_UP = _rank("llmmon_rank_up", "gauge",
                 "1 while the rank's reporter writes its file; 0 once stale (then dropped).")
 REPORT_AGE = _rank("llmmon_rank_report_age_seconds", "gauge",
@@ -247,6 +255,36 @@ TCP_TIMEOUTS = MetricSpec(
     "TCPTimeouts): a segment lost and not recovered by fast retransmit.", _NETNS)
 
 
+STACK_UNCHANGED = MetricSpec(
+    "llmmon_job_stack_unchanged_seconds", "gauge",
+    "Of a job whose ranks here run without the reporter: how long every rank's stack has "
+    "stayed the same (py-spy samples close together); hung beyond "
+    "llmmon_job_stack_threshold_seconds.", ("job_id",))
+STACK_THRESHOLD = MetricSpec(
+    "llmmon_job_stack_threshold_seconds", "gauge",
+    "How long a job without the reporter may hold every stack still: stall_factor x the "
+    "longest it held them still while training, within [stall_floor, stall_after].",
+    ("job_id",))
+STACK_ROOT = MetricSpec(
+    "llmmon_rank_stack_root", "gauge",
+    "1 for a rank of a job hung by its stacks (no reporter) that waits on nothing: in the job's "
+    "own code (a loader, a lock, a sleep), stopped, or alone in another collective than its "
+    "peers (LLMTrainingHang, reason=stack_root).", RANK)
+STACK_SYMMETRIC = MetricSpec(
+    "llmmon_job_stack_symmetric_info", "info",
+    "A job hung by its stacks (no reporter) whose every rank here waits in the same "
+    "collective: no rank here is to blame (LLMTrainingHang, reason=stack_symmetric).",
+    ("job_id", "op"))
+STACK_SAMPLES = MetricSpec(
+    "llmmon_ranks_stack_samples_total", "counter",
+    "py-spy stack samples of ranks without the reporter, by result: taken, failed (the "
+    "process went, or no permission: see the log), over_budget (skipped: the CPU budget was "
+    "spent).", ("result",))
+STACK_CPU = MetricSpec(
+    "llmmon_ranks_stack_cpu_seconds_total", "counter",
+    "CPU time the daemon spent in py-spy, within --collector.ranks.stack-budget.", ())
+
+
 class RanksCollector(Collector):
     name = "ranks"
     description = ("Training ranks from the reporter spool: PyTorch memory, NCCL progress, "
@@ -257,7 +295,9 @@ class RanksCollector(Collector):
              STEPS, STEP_SECONDS, TOKENS, FLOPS, NONFINITE, REJECTED, READ, SANITISED, CUT, ALIVE,
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
              WAITING, DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET,
-             GAP, GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS)
+             GAP, GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS,
+             STACK_UNCHANGED, STACK_THRESHOLD, STACK_ROOT, STACK_SYMMETRIC,
+             STACK_SAMPLES, STACK_CPU)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
                "Directory the training-process reporters write to (LLMMON_SPOOL).",
@@ -314,6 +354,26 @@ class RanksCollector(Collector):
         Option("max_files_per_job", "int", 64,
                "Spool files read per run from one job directory at most (its newest).",
                minimum=1, maximum=100_000),
+        Option("discover", "bool", True,
+               "Also follow training ranks that run without the reporter, found in procfs by "
+               "torch's distributed environment (RANK and WORLD_SIZE with torchrun's variables, "
+               "or a Slurm task with torch loaded): needs the host's PID namespace and the "
+               "right to read other users' /proc/<pid>/environ (root or CAP_SYS_PTRACE)."),
+        Option("pyspy", "str", "py-spy",
+               "The py-spy executable that reads the stacks of ranks without the reporter "
+               "(CAP_SYS_PTRACE); empty: no stacks, those ranks are followed by procfs alone.",
+               metavar="PATH"),
+        Option("stack_interval", "duration", "5s",
+               "How often each rank without the reporter has its stack read; over 6 s, a "
+               "healthy job's still periods are measured only while it looks hung.",
+               minimum="1s", maximum="1h"),
+        Option("stack_quick_interval", "duration", "2s",
+               "How often while its job looks hung (its last stacks alike, or its ranks "
+               "without CPU); under 6 s, or stillness is never confirmed.",
+               minimum="500ms", maximum="5s"),
+        Option("stack_budget", "float", 0.05,
+               "CPU seconds per second the daemon may spend in py-spy (a dump costs ~10-20 ms); "
+               "samples beyond it wait and are counted.", minimum=0.001, maximum=4.0),
         Option("max_ranks", "int", 64, "Ranks followed at most (cardinality bound).",
                minimum=1, maximum=10_000),
         Option("max_ranks_per_job", "int", 32, "Ranks of one job followed at most.",
@@ -349,18 +409,38 @@ class RanksCollector(Collector):
         self._lock = threading.Lock()
         self.watch = PidWatch(env.procfs, config["pid_poll"], self.clock.now)
         self.tcp = TcpWatch(env.procfs)
+        self.outside = self._outside(env, config)
+        self._seen: dict[str, StackVerdict] = {}
+        self._stack_errors: dict[str, str] = {}
         self._evidence: stall.Evidence = self._judge(self.clock.now())
+
+    def _outside(self, env, config) -> OutsideRanks | None:  # type: ignore[no-untyped-def]
+        if not config["discover"]:
+            return None
+        binary = pyspy.find_binary(config["pyspy"]) if config["pyspy"] else None
+        if config["pyspy"] and binary is None:
+            log.warning("no py-spy executable %r: ranks without the reporter are followed by "
+                        "procfs alone, without stacks", config["pyspy"])
+        sampler = None if binary is None else StackSampler(
+            binary, config["stack_interval"], config["stack_quick_interval"],
+            config["stack_budget"], self.clock.now)
+        return OutsideRanks(env.procfs, sampler, config["stall_floor"], config["stall_factor"],
+                            config["stall_after"])
 
     def start(self) -> None:
         self.watch.start()
+        if self.outside is not None and self.outside.sampler is not None:
+            self.outside.sampler.start()
 
     def close(self) -> None:
         self.watch.close()
+        if self.outside is not None and self.outside.sampler is not None:
+            self.outside.sampler.close()
 
     def _judge(self, now: float) -> stall.Evidence:
         limits = stall.StallThresholds(self.config["stale_after"], self.config["stall_after"],
                                        self.config["stall_floor"], self.config["stall_factor"])
-        return stall.judge(self.ledger, now, limits, self.watch, self.tcp)
+        return stall.judge(self.ledger, now, limits, self.watch, self.tcp, self._seen)
 
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
@@ -418,6 +498,7 @@ class RanksCollector(Collector):
         self._sanitised.update(result.sanitised)
         self._cut.update(result.cut)
         self._read_bytes += result.read_bytes
+        self._follow_outside(ctx, now)
         self.watch.follow({(t.state.identity.job_id, t.state.identity.rank, t.pid):
                            t.state.identity.start_ticks for t in self.ledger.tracks.values()})
         self.watch.poll(now)
@@ -432,6 +513,37 @@ class RanksCollector(Collector):
         else:
             ctx.watching(len(self.ledger.tracks), "ranks in the spool")
         return self._families(now, evidence)
+
+    def _follow_outside(self, ctx: Context, now: float) -> None:
+        """Feed the ledger the ranks that run without the reporter; the reporter's evidence
+        of a rank wins over what is seen from outside."""
+        if self.outside is None:
+            return
+        reported = {t.pid for t in self.ledger.tracks.values()
+                    if t.state.health.fr_api != SEEN_FROM_OUTSIDE}
+        run = self.outside.run(now, reported, self.watch)
+        if run.notes.dropped:
+            ctx.error("procfs", f"ranks seen from outside: dropped {run.notes.dropped}, first: "
+                                f"{run.notes.first_drop}")
+        self._sanitised.update(run.notes.sanitised)
+        for found, state in run.states:
+            known = self.ledger.tracks.get((found.job_id, found.rank))
+            if known is not None and known.state.health.fr_api != SEEN_FROM_OUTSIDE:
+                continue
+            if not self.ledger.observe_state(state, now, now, found.uid):
+                ctx.error(f"pid {found.pid}", f"job {found.job_id} rank {found.rank} (pid "
+                          f"{found.pid}): more than {self.ledger.max_ranks} ranks followed; "
+                          "skipped")
+        self._seen = run.verdicts
+        sampler = self.outside.sampler
+        if sampler is not None:
+            errors = {f"py-spy {pid}": error for (pid, _), error in sampler.errors.items()}
+            for key, error in sorted(errors.items()):
+                if self._stack_errors.get(key) == error:
+                    ctx.persists(key, error)
+                else:
+                    ctx.error(key, error)
+            self._stack_errors = errors
 
     def _members(self) -> dict[str, list[Member]]:
         """Each job's ranks with their processes as the PID watch sees them."""
@@ -491,6 +603,7 @@ class RanksCollector(Collector):
                 families.add(TCP_TIMEOUTS, [job_id, netns], stats.timeouts)
         for job_id, count in sorted(self._dumps_requested.items()):
             families.add(DUMPS_REQUESTED, [job_id], count)
+        self._outside_families(families, evidence)
         families.add(DUMPS_KEPT, [], self._kept)
         for reason, count in sorted(self._rejected.items()):
             families.add(REJECTED, [reason], count)
@@ -500,6 +613,24 @@ class RanksCollector(Collector):
         for reason, count in sorted(self._cut.items()):
             families.add(CUT, [reason], count)
         return families
+
+    def _outside_families(self, families: Families, evidence: stall.Evidence) -> None:
+        """The stack verdicts of jobs without the reporter, and what their stacks cost."""
+        for job in evidence.jobs:
+            seen = job.stacks
+            if seen is None:
+                continue
+            families.add(STACK_UNCHANGED, [job.job_id], seen.unchanged)
+            families.add(STACK_THRESHOLD, [job.job_id], seen.threshold)
+            for rank in job.verdict.roots:
+                families.add(STACK_ROOT, [job.job_id, str(rank)], 1)
+            if job.verdict.stalled and seen.symmetric:
+                families.add(STACK_SYMMETRIC, [job.job_id, seen.symmetric], 1)
+        sampler = self.outside.sampler if self.outside else None
+        if sampler is not None:
+            for result in ("taken", "failed", "over_budget"):
+                families.add(STACK_SAMPLES, [result], sampler.counts[result])
+            families.add(STACK_CPU, [], sampler.cpu_seconds)
 
     @staticmethod
     def _judged_families(families: Families, job: stall.JobEvidence) -> None:
@@ -545,8 +676,9 @@ class RanksCollector(Collector):
                        stale_after: float) -> None:
         state, who = track.state, track.state.identity
         labels = [who.job_id, str(who.rank)]
+        source = "procfs" if state.health.fr_api == SEEN_FROM_OUTSIDE else "reporter"
         families.add(RANK_INFO, labels + [str(who.local_rank), str(who.world_size), who.uuid,
-                                          who.pod, who.namespace, str(who.pid)], 1)
+                                          who.pod, who.namespace, str(who.pid), source], 1)
         families.add(RANK_UP, labels, 1 if track.age(now) <= stale_after else 0)
         families.add(REPORT_AGE, labels, track.age(now))
         families.add(REPORTER_DISABLED, labels, 1 if state.health.disabled else 0)

@@ -1,4 +1,4 @@
-"""Kubernetes pod UID and container ID of a process, from /proc/<pid>/cgroup.
+"""Kubernetes pod UID and container ID, or Slurm job and step, of a process, from /proc/<pid>/cgroup.
 
 This replaces kubelet's pod-resources gRPC (which dcgm-exporter dials on every scrape) with a
 file read: the kubelet puts every container in a cgroup whose path names the pod UID and the
@@ -10,6 +10,16 @@ container ID.  The shapes differ by cgroup version and cgroup driver:
 - v2, systemd driver:  `0::/kubepods.slice/kubepods-pod<uid with _>.slice/`
   `cri-containerd-<container-id>.scope`
 - v2, cgroupfs driver: `0::/kubepods/besteffort/pod<uid>/<container-id>`
+
+Slurm's task/cgroup and proctrack/cgroup plugins put each task in a cgroup named for its job,
+step and task (https://slurm.schedmd.com/cgroup_v2.html, https://slurm.schedmd.com/cgroups.html):
+
+- v1: `4:memory:/slurm/uid_<uid>/job_<id>/step_<step>/task_<n>` (the `slurm` directory is
+  `slurm_<node>` where one host runs several slurmd)
+- v2: `0::/system.slice/slurmstepd.scope/job_<id>/step_<step>/user/task_<n>`
+  (`<node>_slurmstepd.scope` likewise)
+
+A step is a number, or `batch`, `extern` or `interactive`.
 
 The daemon needs the host's PID namespace (hostPID) and /proc (--path.procfs).
 """
@@ -52,9 +62,29 @@ def parse_cgroup(text: str) -> PodRef:
     return PodRef()
 
 
-def pod_of(procfs: RootedFS, pid: int) -> PodRef:
-    """The process's pod, or an empty PodRef (not in Kubernetes, or already exited)."""
+_SLURM = re.compile(r"/(?:slurm(?:_[^/]+)?/uid_\d+|[^/]*slurmstepd\.scope)/job_(\d+)"
+                    r"/step_(\d+|batch|extern|interactive)(?:/|$)")
+
+
+@dataclass(frozen=True)
+class SlurmRef:
+    job_id: str = ""
+    step: str = ""
+
+
+def parse_slurm(text: str) -> SlurmRef:
+    """The Slurm job and step named by the first cgroup line that names one."""
+    for line in text.splitlines():
+        found = _SLURM.search(line.split(":", 2)[-1])
+        if found:
+            return SlurmRef(found.group(1), found.group(2))
+    return SlurmRef()
+
+
+def owners_of(procfs: RootedFS, pid: int) -> tuple[PodRef, SlurmRef]:
+    """The process's pod and Slurm job, each empty when it has none (or has exited)."""
     try:
-        return parse_cgroup(procfs.read_text(str(pid), "cgroup"))
+        text = procfs.read_text(str(pid), "cgroup")
     except SourceError:
-        return PodRef()
+        return PodRef(), SlurmRef()
+    return parse_cgroup(text), parse_slurm(text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Mapping
 
-from llmmon.ranks import culprit, desync, dimension, ending, pace, slowdown, waitfor
+from llmmon.ranks import culprit, desync, dimension, ending, pace, slowdown, stacks, waitfor
 from llmmon.ranks.culprit import Doing
 from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Ledger, RankTrack
@@ -410,6 +410,7 @@ class JobEvidence:
     enqueue_lag: Mapping[str, Mapping[int, float]]  # pg -> rank -> seconds late
     slowdown: dict[str, Any] | None  # llmmon.ranks.slowdown.verdict
     verdict: JobVerdict
+    stacks: stacks.StackVerdict | None = None  # ranks seen from outside only (no reporter)
 
     @property
     def stalled_groups(self) -> list[str]:
@@ -424,6 +425,7 @@ class JobEvidence:
                                 for pg, lag in self.enqueue_lag.items()},
                 "slowdown": self.slowdown,
                 "stalled_groups": self.stalled_groups,
+                "stacks": None if self.stacks is None else self.stacks.json(),
                 "verdict": self.verdict.json()}
 
 
@@ -632,17 +634,20 @@ def _graph(job: _Job, pgs: list[str]) -> waitfor.Graph:
 
 
 def judge(ledger: Ledger, now: float, limits: StallThresholds, watch: PidWatch | None = None,
-          tcp: TcpWatch | None = None) -> Evidence:
+          tcp: TcpWatch | None = None,
+          seen: Mapping[str, stacks.StackVerdict] | None = None) -> Evidence:
     """The verdicts on every job the ledger follows (`tcp`: the job's TCP loss, for the cause
-    of an even slowdown)."""
+    of an even slowdown; `seen`: the stack verdicts of jobs whose ranks run without the
+    reporter)."""
     jobs = ledger.jobs().items()
     return Evidence(now, limits, tuple(
-        _job_evidence(ledger, job_id, tracks, now, limits, watch, tcp) for job_id, tracks in jobs))
+        _job_evidence(ledger, job_id, tracks, now, limits, watch, tcp, (seen or {}).get(job_id))
+        for job_id, tracks in jobs))
 
 
 def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: float,
                   limits: StallThresholds, watch: PidWatch | None,
-                  tcp: TcpWatch | None) -> JobEvidence:
+                  tcp: TcpWatch | None, seen: stacks.StackVerdict | None) -> JobEvidence:
     job = _Job.of(job_id, tracks, watch)
     pgs = sorted({pg for t in tracks for pg in t.state.progress})
     graph = _graph(job, pgs)
@@ -653,8 +658,39 @@ def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: flo
     loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
     ranks = tuple(_rank_view(job, t, now, limits) for t in tracks)
     slow = None if job.end else slowdown.verdict(job_id, [g.json() for g in groups], lags, loss)
+    if seen is not None and not pgs:  # no rank here reports a group: the stacks judge
+        return JobEvidence(job_id, ranks, groups, job.end, lags, slow,
+                           _stack_job_verdict(job_id, job, seen, now, limits), seen)
     return JobEvidence(job_id, ranks, groups, job.end, lags, slow,
                        _job_verdict(job_id, job, groups, graph, now, limits))
+
+
+def _stack_job_verdict(job_id: str, job: _Job, seen: stacks.StackVerdict, now: float,
+                       limits: StallThresholds) -> JobVerdict:
+    """The job's one verdict from its ranks' stacks: the roots with what they do, the others
+    waiting in the operation their frames show (on the roots, or off this node)."""
+    stalled = seen.stalled and job.end is None
+    roots = seen.roots if stalled else ()
+    waits = [waitfor.Wait(rank, "", "", op if op != stacks.INSIDE_TORCH else
+                          "torch (in no collective its frames name)", roots, not roots, "stack")
+             for rank, op in sorted(seen.waits.items()) if rank not in roots]
+    graph = waitfor.graph(waits if stalled else (), [_rank(t) for t in job.tracks])
+    window = max(seen.unchanged, 1.0)
+    tracks = {_rank(t): t for t in job.tracks}
+    said = {r: job.doing(tracks[r], now, window, limits).text(window, job.report_age(r, now))
+            for r in roots if r in tracks}
+    fallback = ""
+    if stalled and seen.symmetric:
+        fallback = (f"job {job_id}: every rank here has waited in {seen.symmetric} for "
+                    f"{seen.unchanged:.0f} s, its stack unchanged, and none is outside it: a "
+                    "symmetric stall. The rank to blame is on another node, or suspect the "
+                    "GPUs and the network of the job's nodes")
+    elif stalled and seen.disagree:
+        fallback = (f"job {job_id}: the ranks here wait in different collectives, as many in "
+                    f"each, their stacks unchanged for {seen.unchanged:.0f} s: a desync; the "
+                    "odd rank is the one whose collective differs from the other nodes'")
+    return JobVerdict(job_id, stalled, roots, graph, said,
+                      {r: "seen from outside, no reporter" for r in roots}, fallback, 0.0)
 
 
 def _job_verdict(job_id: str, job: _Job, groups: tuple[GroupVerdict, ...],

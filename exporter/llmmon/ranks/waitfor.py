@@ -35,9 +35,11 @@ class Wait:
 
     @property
     def where(self) -> str:
-        """`tp all_reduce #812 (group 3)`: the operation in the job's parallelism."""
+        """`tp all_reduce #812 (group 3)`: the operation in the job's parallelism (a wait
+        whose group is not known, as a stack read from outside shows: the operation alone)."""
         dim = dimension.of(self.desc)
-        return (f"{dim} " if dim else "") + f"{self.op} (group {self.pg})"
+        return (f"{dim} " if dim else "") + (f"{self.op} (group {self.pg})" if self.pg
+                                              else self.op)
 
     def json(self) -> dict[str, object]:
         return {"rank": self.rank, "pg": self.pg, "pg_desc": self.desc, "op": self.op,

@@ -21,11 +21,11 @@ from typing import Any
 
 import requests
 
+from bench.faults.torchvenv import torch_only_venv
 from tests.conftest import ROOT, SOURCES
 from tests.helpers import wait_for
 from tests.inject.webhook import OWNERS, Webhook, kubelet_environment, make_tls
 from tests.ranks.jobs import FAST, TRAINER
-from tests.ranks.torchvenv import torch_only_venv
 
 POD, JOB = OWNERS["pytorchjob"]  # pod llama-worker-0 of PyTorchJob llama in team-a
 FIELDS = {"metadata.name": "llama-worker-0", "metadata.namespace": "team-a",

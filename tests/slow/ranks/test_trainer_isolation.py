@@ -1,8 +1,9 @@
 """The trainer side cannot collide with the trainer: its own packages win, nothing of the daemon's
 environment reaches it, and the reporter runs where only torch is installed.
 
-The environments are real virtual environments (tests/ranks/torchvenv.py makes the torch-only
-one).
+The environments are real virtual environments. "Only torch" is a venv without pip whose
+site-packages holds torch and the distributions torch requires, and nothing else
+(bench/faults/torchvenv.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.faults.torchvenv import torch_only_venv
 from tests.conftest import ROOT, SOURCES
 from tests.ranks.jobs import FAST, base_env
-from tests.ranks.torchvenv import torch_only_venv
 
 DAEMON_ONLY = ("llmmon", "fastapi", "uvicorn", "starlette", "requests", "yaml", "pyroute2",
                "prometheus_client", "bcrypt", "pynvml")

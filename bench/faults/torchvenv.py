@@ -1,9 +1,9 @@
-"""A virtual environment that holds torch and nothing else: where a trainer's reporter must
-run without any package of the daemon's (shared by the slow tests that start such trainers).
+"""A virtual environment that holds torch and nothing else: a trainer's image without llmmon.
 
-"Only torch" is a venv without pip whose site-packages holds torch and the distributions torch
-requires (linked from this interpreter's installation, resolved from their metadata), and
-nothing else.
+A venv without pip whose site-packages links torch and the distributions torch requires (from
+this interpreter's installation, resolved from their metadata), and nothing else: the fault
+benchmark's jobs without the reporter, and the tests that prove the reporter needs nothing of
+the daemon's environment, run there.
 """
 
 from __future__ import annotations
