@@ -126,7 +126,9 @@ def test_an_injected_pod_reports_and_its_hang_is_named_as_under_launch(tmp_path:
     server = serve("--collector.disable-defaults", "--collector.ranks",
                    f"--spool.dir={node['ranks']}", "--collector.ranks.interval=0.2s",
                    "--collector.ranks.stall-after=1s", f"--collector.ranks.fr-dir={node['fr']}",
-                   f"--collector.ranks.pipe-dir={node['frpipe']}")
+                   f"--collector.ranks.pipe-dir={node['frpipe']}",
+                   # the reporter's evidence alone: ranks found in procfs are another test's
+                   "--collector.ranks.discover=false")
     torchrun = [str(torch_only), "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(TRAINER), "--out"]
     work = tmp_path / "injected"
