@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -24,9 +25,14 @@ from llmmon.collectors import discover
 from llmmon.commands.deploy import rule_groups
 from llmmon.config import Settings, build_settings
 
-KUSTOMIZATIONS = [KUSTOMIZE, KUSTOMIZE / "base", KUSTOMIZE / "monitoring",
-                  *sorted(p for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())]
-WITH_EXPORTER = [k for k in KUSTOMIZATIONS if k.name != "monitoring"]
+WEBHOOK = KUSTOMIZE / "webhook"
+WEBHOOKS = [WEBHOOK / "base", WEBHOOK / "self-signed", WEBHOOK / "cert-manager"]
+EXPORTER_KUSTOMIZATIONS = [KUSTOMIZE, KUSTOMIZE / "base", KUSTOMIZE / "monitoring",
+                           *sorted(p for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())]
+KUSTOMIZATIONS = EXPORTER_KUSTOMIZATIONS + WEBHOOKS
+WITH_EXPORTER = [k for k in EXPORTER_KUSTOMIZATIONS if k.name != "monitoring"]
+# Kinds of operators whose CRDs the tests do not carry: checked by the webhook's own tests.
+NOT_CORE = ("monitoring.coreos.com", "cert-manager.io")
 EXAMPLES = sorted((KUSTOMIZE / "examples").glob("*.yaml"))
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 CRDS = ROOT / "tests" / "fixtures" / "crds"
@@ -71,7 +77,7 @@ def test_every_kustomization_is_covered():
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=ident)
 def test_core_kinds_pass_kubernetes_validate_strict(path):
-    core = [o for o in objects(path) if not o["apiVersion"].startswith("monitoring.coreos.com")]
+    core = [o for o in objects(path) if not o["apiVersion"].startswith(NOT_CORE)]
     assert core
     for obj in core:
         for version in K8S_VERSIONS:
@@ -100,7 +106,7 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-@pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=ident)
+@pytest.mark.parametrize("path", EXPORTER_KUSTOMIZATIONS, ids=ident)
 def test_operator_kinds_pass_their_crd_schemas(path):
     operator = [o for o in objects(path) if o["apiVersion"] == "monitoring.coreos.com/v1"]
     if path.name != "base":
@@ -301,7 +307,8 @@ def test_namespace_service_and_network_policy(path):
     assert source["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
 
 
-@pytest.mark.parametrize("path", [k for k in KUSTOMIZATIONS if k.name != "base"], ids=ident)
+@pytest.mark.parametrize("path", [k for k in EXPORTER_KUSTOMIZATIONS if k.name != "base"],
+                         ids=ident)
 def test_service_monitor_scrapes_the_service_as_job_llmmon(path):
     objs = objects(path)
     monitor = find(objs, "ServiceMonitor", "llmmon")["spec"]
@@ -406,3 +413,149 @@ def test_training_job_writes_where_the_exporter_reads():
     torch = dict(line.split("=", 1) for line in out.stdout.splitlines())
     assert torch["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"{SHARED['frpipe'][0]}/llm-pretrain/rank_"
     assert torch["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{SHARED['fr'][0]}/llm-pretrain/rank_"
+
+
+# --- the injection webhook (deploy/kubernetes/webhook, docs/deployment.md) ------------------
+
+def webhook_args(objs: list[dict]) -> tuple[dict, Any]:
+    """The webhook's container and its args through the real `llmmon webhook` parser (with
+    the kubelet's `$(VAR)` expansion from its env)."""
+    (c,) = find(objs, "Deployment", "llmmon-webhook")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    args = [a.replace("$(LLMMON_INIT_IMAGE)", env["LLMMON_INIT_IMAGE"]) for a in c["args"]]
+    return c, build_parser().parse_args(args)
+
+
+@pytest.mark.parametrize("path", WEBHOOKS, ids=ident)
+def test_webhook_deployment_is_redundant_hardened_and_probed(path):
+    objs = objects(path)
+    deployment = find(objs, "Deployment", "llmmon-webhook")
+    spec = deployment["spec"]["template"]["spec"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (term,) = spec["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    pdb = find(objs, "PodDisruptionBudget", "llmmon-webhook")["spec"]
+    assert pdb["minAvailable"] == 1 and pdb["selector"]["matchLabels"].items() <= pod_labels.items()
+    # never selected by the exporter's Service or NetworkPolicy, nor the other way round
+    exporter = find(objects(KUSTOMIZE / "base"), "DaemonSet", "llmmon")
+    exporter_labels = exporter["spec"]["template"]["metadata"]["labels"]
+    assert not find(objects(KUSTOMIZE / "base"), "Service", "llmmon")["spec"][
+        "selector"].items() <= pod_labels.items()
+    assert not pdb["selector"]["matchLabels"].items() <= exporter_labels.items()
+    c, args = webhook_args(objs)
+    assert args.command == "webhook" and args.listen == ("0.0.0.0", 8443)
+    assert args.image == c["image"] and ":" in c["image"]  # the init container's: its own
+    sc, pod_sc = c["securityContext"], spec["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["privileged"] is False
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 65534
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    assert find(objs, "ServiceAccount", spec["serviceAccountName"])[
+        "automountServiceAccountToken"] is False
+    assert not [o for o in objs if o["kind"].endswith(("Role", "RoleBinding"))]
+    (port,) = c["ports"]
+    assert port["containerPort"] == args.listen[1]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": port["name"],
+                                       "scheme": "HTTPS"}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "tls")
+    assert mount["readOnly"] is True and "subPath" not in mount  # renewals reach the files
+    secret = next(v for v in spec["volumes"] if v["name"] == "tls")["secret"]["secretName"]
+    assert (args.tls_cert_file, args.tls_key_file) == \
+        (f"{mount['mountPath']}/tls.crt", f"{mount['mountPath']}/tls.key")
+    assert secret == "llmmon-webhook-tls"
+    assert {o["metadata"].get("namespace") for o in objs
+            if o["kind"] != "MutatingWebhookConfiguration"} == {"llmmon"}
+
+
+@pytest.mark.parametrize("path", WEBHOOKS, ids=ident)
+def test_webhook_configuration_never_blocks_pods_and_selects_only_opted_in_ones(path):
+    from llmmon.inject.server import create_app
+    from llmmon.inject.podpatch import Settings
+
+    objs = objects(path)
+    service = find(objs, "Service", "llmmon-webhook")
+    routes = {r.path for r in create_app(Settings(image="x")).routes}
+    config = find(objs, "MutatingWebhookConfiguration", "llmmon-webhook")
+    paths = []
+    for hook in config["webhooks"]:
+        assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+        assert hook["timeoutSeconds"] <= 5 and hook["admissionReviewVersions"] == ["v1"]
+        assert hook["reinvocationPolicy"] == "IfNeeded"  # the patch adds only what is missing
+        assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""],
+                                  "apiVersions": ["v1"], "resources": ["pods"],
+                                  "scope": "Namespaced"}]
+        target = hook["clientConfig"]["service"]
+        assert (target["name"], target["namespace"]) == (service["metadata"]["name"],
+                                                        service["metadata"]["namespace"])
+        assert target["port"] == service["spec"]["ports"][0]["port"]
+        assert target["path"] in routes
+        paths.append(target["path"])
+        excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
+                        if e["key"] == "kubernetes.io/metadata.name")
+        assert excluded["operator"] == "NotIn"
+        assert set(excluded["values"]) == {"llmmon", "kube-system"}
+    by_pod, by_namespace = config["webhooks"]
+    assert by_pod["objectSelector"] == {"matchLabels": {"llmmon.io/inject": "true"}}
+    assert by_namespace["objectSelector"]["matchExpressions"] == [
+        {"key": "llmmon.io/inject", "operator": "NotIn", "values": ["false"]}]
+    assert {"key": "llmmon.io/inject", "operator": "In", "values": ["true"]} in \
+        by_namespace["namespaceSelector"]["matchExpressions"]
+    assert paths == ["/mutate", "/mutate/namespace"]
+    annotations = config["metadata"].get("annotations", {})
+    if path.name == "cert-manager":
+        certificate = find(objs, "Certificate", "llmmon-webhook")
+        ns = certificate["metadata"]["namespace"]
+        assert annotations == {"cert-manager.io/inject-ca-from":
+                               f"{ns}/{certificate['metadata']['name']}"}
+        spec = certificate["spec"]
+        assert spec["secretName"] == "llmmon-webhook-tls"
+        assert f"{target['name']}.{target['namespace']}.svc" in spec["dnsNames"]
+        issuer = find(objs, spec["issuerRef"]["kind"], spec["issuerRef"]["name"])
+        assert issuer["metadata"]["namespace"] == ns and "selfSigned" in issuer["spec"]
+    else:
+        assert "cert-manager.io/inject-ca-from" not in annotations
+
+
+def test_the_webhook_image_follows_kustomize_edit_set_image(tmp_path):
+    """The injected init container runs the webhook's own image, whatever it is set to."""
+    copy_of = tmp_path / "webhook"
+    shutil.copytree(WEBHOOK, copy_of)
+    config = copy_of / "base" / "kustomization.yaml"
+    doc = yaml.safe_load(config.read_text())
+    doc["images"] = [{"name": "llmmon", "newName": "registry.example.com/llmmon",
+                      "digest": "sha256:" + "ab" * 32}]
+    config.write_text(yaml.safe_dump(doc))
+    c, args = webhook_args(kustomize(copy_of / "self-signed"))
+    assert args.image == c["image"] == "registry.example.com/llmmon@sha256:" + "ab" * 32
+
+
+def test_self_signed_script_makes_a_valid_secret_and_ca_bundle_for_both_entries(tmp_path):
+    script = WEBHOOK / "self-signed" / "self-signed.sh"
+    done = subprocess.run(["bash", str(script), "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (secret,) = yaml.safe_load_all((tmp_path / "secret.yaml").read_text())
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    deployment_secret = next(v for v in find(objects(WEBHOOK / "self-signed"), "Deployment")[
+        "spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")["secret"]["secretName"]
+    assert (secret["metadata"]["name"], secret["metadata"]["namespace"], secret["type"]) == \
+        (deployment_secret, "llmmon", "kubernetes.io/tls")
+    cert = tmp_path / "tls.crt"
+    cert.write_bytes(base64.b64decode(secret["data"]["tls.crt"]))
+    ca = tmp_path / "ca.crt"
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(ca), "-purpose", "sslserver",
+                               "-verify_hostname", "llmmon-webhook.llmmon.svc", str(cert)],
+                              capture_output=True, text=True, timeout=60)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    config = find(objects(WEBHOOK / "self-signed"), "MutatingWebhookConfiguration")
+    patch = json.loads((tmp_path / "cabundle-patch.json").read_text())
+    assert [op["path"] for op in patch] == [f"/webhooks/{i}/clientConfig/caBundle"
+                                           for i in range(len(config["webhooks"]))]
+    assert {base64.b64decode(op["value"]) for op in patch} == {ca.read_bytes()}

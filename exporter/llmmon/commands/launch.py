@@ -14,6 +14,7 @@ import sys
 from typing import Mapping
 
 import llmmon_reporter
+from llmmon.inject import trainerenv
 from llmmon_reporter import identity, layout
 
 # The only path added for the trainer: a directory holding the start-up hook alone, which loads
@@ -55,27 +56,10 @@ def resolve_job(given: str | None, env: Mapping[str, str], command: list[str]) -
 
 def environment(env: Mapping[str, str], job: str, spool: str, fr_dir: str, pipe_dir: str,
                 fr_buffer: int, timing: bool, dump_on_timeout: bool) -> dict[str, str]:
-    """The command's environment: ours added, the user's own settings kept."""
-    out = dict(env)
-    out["LLMMON_JOB"] = job
-    out["LLMMON_SPOOL"] = spool
-    buffer = out.get("TORCH_FR_BUFFER_SIZE") or out.get("TORCH_NCCL_TRACE_BUFFER_SIZE") \
-        or str(fr_buffer)
-    # Both names: torch >= 2.8 reads TORCH_FR_*, but the dump pipe checks only the old one.
-    out.setdefault("TORCH_FR_BUFFER_SIZE", buffer)
-    out.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", buffer)
-    dump_prefix = out.get("TORCH_FR_DUMP_TEMP_FILE") or out.get(
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or layout.file_prefix(fr_dir, job)
-    out.setdefault("TORCH_FR_DUMP_TEMP_FILE", dump_prefix)
-    out.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump_prefix)
-    out.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", layout.file_prefix(pipe_dir, job))
-    out.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1" if dump_on_timeout else "0")
-    if timing:
-        out["TORCH_NCCL_ENABLE_TIMING"] = "1"
-    paths = [BOOT_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep)
-                          if p and os.path.abspath(p) != BOOT_DIR]
-    out["PYTHONPATH"] = os.pathsep.join(paths)
-    return out
+    """The command's environment: ours added, the user's own settings kept (the webhook
+    applies the same function to a pod's containers)."""
+    return trainerenv.environment(env, job, spool, fr_dir, pipe_dir, fr_buffer, timing,
+                                  dump_on_timeout, BOOT_DIR)
 
 
 def _prepare_dirs(env: Mapping[str, str], spool: str) -> None:
@@ -83,14 +67,8 @@ def _prepare_dirs(env: Mapping[str, str], spool: str) -> None:
     if not os.path.isdir(spool):
         print(f"llmmon launch: spool {spool} does not exist; is the llmmon daemon running "
               "on this node? Training runs anyway, unreported.", file=sys.stderr)
-    for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
-        directory = os.path.dirname(env[key])
-        try:
-            os.makedirs(directory, exist_ok=True)
-            os.chmod(directory, 0o777)  # the daemon (another user) moves dumps, opens pipes
-        except OSError as exc:
-            print(f"llmmon launch: cannot prepare {directory}: {exc.strerror}; Flight Recorder "
-                  "dumps on request will not work", file=sys.stderr)
+    for problem in trainerenv.prepare_job_dirs(trainerenv.job_dirs(env)):
+        print(f"llmmon launch: {problem}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
