@@ -396,3 +396,25 @@ def test_the_job_verdict_speaks_of_ranks_stuck_before_their_collective(tmp_path:
     summary = job.verdict.summary()
     assert "every rank here is stuck before its next collective; rank 0 (seen from outside, " \
         "no reporter) is in load_next_batch (data.py:41)" in summary, summary
+
+
+def test_an_exception_nobody_read_does_not_take_the_job_down():
+    """Without the reporter, status 1 is an exception whose text nobody read: a peer's failure
+    seen from this side as likely as the rank's own error.  A status the rank chose, or a
+    violent signal, still names it."""
+    from llmmon.ranks.ending import End, verdict
+
+    alone = verdict("j", [0, 1], [End(0, 10.0, 14.0, "vanished", 1, "", unread=True)])
+    assert alone is not None and alone["first"] == [], alone
+    assert "cannot read without the reporter" in alone["summary"]
+    torn = verdict("j", [0, 1], [End(0, 10.0, 14.0, "vanished", 1, "", unread=True),
+                                 End(1, 10.5, 14.5, "vanished", -15, "", unread=True)])
+    assert torn is not None and torn["first"] == [], torn
+    for code in (3, -9):
+        own = verdict("j", [2, 3], [End(3, 10.0, 11.0, "vanished", code, "", unread=True),
+                                    End(2, 10.5, 12.0, "vanished", -15, "", unread=True)])
+        assert own is not None and own["first"] == [3], own
+    # with the reporter, a vanished status 1 (os._exit(1)) is the rank's own doing, as before
+    mine = verdict("j", [0, 1], [End(0, 10.0, 11.0, "vanished", 1, ""),
+                                 End(1, 12.0, 13.0, "vanished", -15, "")])
+    assert mine is not None and mine["first"] == [0], mine

@@ -11,7 +11,10 @@ before a normal exit.  Ranks that all vanished within the same moment were stopp
 (torchrun's teardown of a job, preemption, a scheduler's kill): no rank is blamed.  Nor is one
 when every end seen here is a peer's failure: the rank that went first is on another node.
 A rank that went first by aborting because a peer issued another collective (gloo's answer to a
-desync by size, `llmmon.ranks.desync.behind_abort`) is not blamed either: that peer is.
+desync by size, `llmmon.ranks.desync.behind_abort`) is not blamed either: that peer is.  A rank
+followed without the reporter that exited with status 1 raised an exception nobody read: its
+own error, or a peer's failure seen from its side; it counts as an end from outside, not as the
+rank that took the job down.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from llmmon.ranks.discover import SEEN_FROM_OUTSIDE
 from llmmon.ranks.failure import PEER_FAILURE
 from llmmon.ranks.ledger import RankTrack
 from llmmon.ranks.liveness import Process
@@ -38,15 +42,17 @@ class End:
     how: str  # exit, exception or vanished
     code: int | None
     error: str
+    unread: bool = False  # followed without the reporter: an exception's text is not known
 
     @property
     def cause(self) -> int:
         """0 explains the others best: own crash, a violent kill, an end from outside (a polite
-        signal or unknown), peer failure, normal exit."""
+        signal, unknown, or an exception nobody read), peer failure, normal exit."""
         if self.how == "exception":
             return 3 if PEER_FAILURE.search(self.error) else 0
         if self.how == "vanished":
-            return 2 if self.code is None or self.code in POLITE else 1
+            unknown = self.code is None or self.code in POLITE or (self.unread and self.code == 1)
+            return 2 if unknown else 1
         return 4 if self.code == 0 else 0
 
     def words(self) -> str:
@@ -69,7 +75,8 @@ def end_of(track: RankTrack, process: Process | None) -> End | None:
         return End(who.rank, record.at, record.at, record.how, record.code, record.error)
     if process is not None and process.gone_at is not None:
         return End(who.rank, min(track.mtime, process.gone_at), process.gone_at, "vanished",
-                   process.exit_status, "")
+                   process.exit_status, "",
+                   track.state.health.fr_api == SEEN_FROM_OUTSIDE)
     return None
 
 
@@ -149,6 +156,17 @@ def _desync_abort(case: _Case, desync: Callable[[End], dict[str, Any] | None] | 
                     found["odd"], {"desync": found})
 
 
+def _unread_first(case: _Case) -> _Finding | None:
+    """The first end here is an exception nobody read (no reporter): not a verdict."""
+    first = case.first[0]
+    if not (first.unread and first.code == 1 and case.best == 2):
+        return None
+    return _Finding(f"job {case.job}: rank {first.rank} ended first here (code 1: an exception "
+                    "the daemon cannot read without the reporter), its own error or a peer's "
+                    f"failure; the rank that took the job down may be on another node"
+                    f"{case.rest}")
+
+
 def _first_out(case: _Case) -> _Finding:
     culprit = case.first[0]
     others = [e.rank for e in case.ends if e.rank != culprit.rank]
@@ -167,7 +185,7 @@ def verdict(job: str, ranks: list[int], ends: list[End],
         return None
     case = _Case.of(job, ranks, ends)
     found = (_all_normal(case) or _peer_lost(case) or _stopped_together(case)
-             or _desync_abort(case, desync) or _first_out(case))
+             or _desync_abort(case, desync) or _unread_first(case) or _first_out(case))
     return {"ended": case.ended, "first": found.named, **found.extra,
             "ranks": [e.json() for e in sorted(ends, key=lambda e: e.rank)],
             "summary": found.text}

@@ -62,9 +62,9 @@ class OutsideRanks:
                 self._rank_stack(r, histories.get((r.pid, r.start_ticks)), seen[r.pid], watch,
                                  now) for r in ranks)
         self.watches = {job_id: w for job_id, w in self.watches.items() if job_id in jobs}
-        if self.sampler is not None:
+        if self.sampler is not None:  # quickly while a job looks hung, or is still learning
             self.sampler.want({(r.pid, r.start_ticks): verdicts[r.job_id].suspect
-                               for r in found})
+                               or not verdicts[r.job_id].learned for r in found})
         shown = {r.pid: history.latest for r in found
                  if (verdicts[r.job_id].suspect or verdicts[r.job_id].stalled)
                  and (history := histories.get((r.pid, r.start_ticks))) and history.latest}

@@ -145,12 +145,14 @@ class StackVerdict:
     suspect: bool  # sample this job's ranks quickly
     symmetric: str  # the operation every rank here waits in, when that is the stall
     disagree: bool  # ranks wait in different operations, none fewer than the others
+    learned: bool = True  # the threshold is the job's own (a rank was seen in its loop)
 
     def json(self) -> dict[str, object]:
         return {"unchanged_seconds": self.unchanged, "threshold_seconds": self.threshold,
                 "stalled": self.stalled, "roots": list(self.roots),
                 "waits": {str(r): op for r, op in sorted(self.waits.items())},
-                "suspect": self.suspect, "symmetric": self.symmetric, "disagree": self.disagree}
+                "suspect": self.suspect, "symmetric": self.symmetric, "disagree": self.disagree,
+                "learned": self.learned}
 
 
 @dataclass
@@ -188,7 +190,8 @@ class StackWatch:
     def judge(self, ranks: Iterable[RankStack]) -> StackVerdict:
         ranks = [r for r in ranks if r.history.count]
         if not ranks:
-            return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False)
+            return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False,
+                                self.looped)
         moved = self._moved(ranks)
         unchanged = min(r.still() for r in ranks)
         if moved and unchanged < self._last and not self._stalled:
@@ -203,7 +206,7 @@ class StackWatch:
         roots, symmetric, disagree = _roots(ops, {r.rank for r in ranks if r.stopped})
         return StackVerdict(round(unchanged, 3), round(threshold, 3), stalled,
                             roots if stalled else (), waits, suspect,
-                            symmetric if stalled else "", disagree and stalled)
+                            symmetric if stalled else "", disagree and stalled, self.looped)
 
 
 def _roots(ops: Mapping[int, str | None], stopped: set[int]) -> tuple[tuple[int, ...], str, bool]:
