@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -360,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 or (MESH in wanted and c.name.startswith(f"{MESH}-"))]
     if os.geteuid() != 0:
         parser.error("needs root: the nodes' ranks run in network namespaces")
+    # `kill` stops it as Ctrl-C does: every daemon, job and namespace it started goes with it
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     work = Path(tempfile.mkdtemp(prefix="llmmon-faults-", dir=shm))
     started = time.time()
