@@ -34,8 +34,22 @@ the OS). Prints a table and writes bench/results/trainer_jitter.json. Targets (i
 performance): at p99 no tick adds more than 1 ms to the main thread, at most 5 ms at max,
 step-time overhead under 0.2 %.
 
+`--sampler pyspy` measures instead what the daemon's stack sampler costs a rank that runs
+without the reporter (llmmon/ranks/stacksampler.py): in `on` blocks no reporter runs; a thread
+of the bench runs the real `py-spy dump --pid <this process> --json --nonblocking` through
+llmmon.sources.pyspy.dump, first at the block's start and then every `--pyspy-interval`
+seconds (5: the daemon's default; 2: its quick rate while a job looks still, which 5 s blocks
+take three times a block, 0.6 dumps a second), and the control is a no-GIL CPU call that takes
+as much CPU as py-spy takes for a dump, at the same interval. py-spy is a process of its own:
+what it costs the loop is its reads of this process' memory and the CPU it takes beside it. A
+dump's stall is measured as a tick's; its CPU is py-spy's (the children's, as the daemon's
+budget counts it) and, apart, the calling thread's (starting py-spy, decoding its JSON: the
+daemon's work, done here in the trainer's process, so it overstates the cost). Targets
+(issue): step-time overhead at the default rate under 0.5 %; the stall a sample adds.
+Writes bench/results/trainer_jitter_pyspy_<interval>s.json.
+
     python bench/trainer_jitter.py [--seconds 65] [--block 5] [--loops python,gloo]
-                                   [--entries-interval 20]
+                                   [--entries-interval 20] [--sampler pyspy --pyspy-interval 5]
 
 At the default cadence 65 s of on blocks hold three ring ticks, so their "p99" is their
 maximum; `--entries-interval 1` gives a ring tick every on-block second, the same read each
@@ -79,6 +93,13 @@ def _user_seconds() -> float:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_utime
 
 
+def _children_seconds() -> float:
+    """CPU of the child processes waited for (os.times' children, at getrusage's resolution:
+    os.times counts in 10 ms clock ticks)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Ticks:
     """(kind, start, end) of every timed reporter call, on the perf_counter clock."""
 
@@ -86,11 +107,13 @@ class Ticks:
         self.spans: list[tuple[str, float, float]] = []
         self.cpu: dict[float, float] = {}  # a span's start -> its thread's CPU seconds in it
         self.user: dict[float, float] = {}  # ... of them in user space (syscalls drop the GIL)
+        self.children: dict[float, float] = {}  # ... of the child processes it waited for
         self.lock = threading.Lock()
 
     def wrap(self, kind: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             started, cpu, user = time.perf_counter(), time.thread_time(), _user_seconds()
+            children = _children_seconds()
             try:
                 return call(*args, **kwargs)
             finally:
@@ -98,6 +121,7 @@ class Ticks:
                     self.spans.append((kind, started, time.perf_counter()))
                     self.cpu[started] = time.thread_time() - cpu
                     self.user[started] = _user_seconds() - user
+                    self.children[started] = _children_seconds() - children
         return timed
 
 
@@ -225,54 +249,45 @@ def control_call(seconds: float) -> Callable[[], None]:
     return lambda: hashlib.sha256(buffer).digest() and None
 
 
-def measure(work: Callable[[], None], seconds: float, block: float,
-            cadence: Cadence) -> dict[str, Any]:
+def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cadence,
+            pyspy_interval: float | None = None) -> dict[str, Any]:
     """One loop over `seconds` of each kind of block, with a reporter ticking in `on` blocks
-    and the control in `control` blocks."""
+    (or, with `pyspy_interval`, py-spy dumping this process) and the control in `control`
+    blocks."""
     ticks, blocks = Ticks(), Blocks()
-    spool = tempfile.mkdtemp(prefix="llmmon-jitter-spool-")
-    os.environ.update(LLMMON_JOB="jitter", RANK="0")
-    reporter = Reporter(spool, cadence, StepStats())
-    reporter.tick = blocks.only(  # type: ignore[method-assign]
-        "on", ticks.wrap("tick", reporter.tick))
-    reporter._write_entries = ticks.wrap(  # type: ignore[method-assign]
-        "ring-write", reporter._write_entries)
-    reporter.start()
-    while reporter._session is None:  # connected: the first tick ran
-        time.sleep(0.05)
-    flight = reporter._session.flight
-    if flight.native:  # torch's one call: without the GIL, or through the binding
-        read_seconds = statistics.median(_timed(lambda: flight._native(True, False))
-                                         for _ in range(5))
-        flight._native = ticks.wrap("ring-read", flight._native)
+    if pyspy_interval is None:
+        reporter, native, read_seconds, scheduled = _reporter_calls(ticks, blocks, cadence)
+        wake, nice = cadence.status, 10  # as the reporter's
     else:
-        read_seconds = statistics.median(
-            _timed(lambda: flight._pickled(includeCollectives=True, includeStackTraces=False,
-                                           onlyActive=False)) for _ in range(5))
-        flight._pickled = ticks.wrap("ring-read", flight._pickled)
-    ticks.spans.clear()
-    active = blocks.only("on", ticks.wrap("in-flight", reporter._session.flight.active))
-    main_thread = threading.get_ident()
-    stack = blocks.only("on", ticks.wrap("stack", lambda: activity.stack(main_thread)))
-    control = blocks.only("control", ticks.wrap("control", control_call(read_seconds)))
+        reporter, native = None, False
+        sample = _pyspy_call()
+        # the control: as much CPU as py-spy takes for a dump (most of a dump's time is waits)
+        read_seconds = statistics.median(_timed(sample, _children_seconds) for _ in range(5))
+        scheduled = [("on", blocks.only("on", ticks.wrap("py-spy", sample)), pyspy_interval)]
+        wake, nice = 0.1, 0  # py-spy runs at the daemon's priority, not the reporter's
+    control = control_call(read_seconds)
+    if pyspy_interval is not None:  # at the dumps' interval: a call that ran returns non-None
+        # (the control returns None, so beside the reporter it runs at every status second)
+        control = (lambda call: lambda: call() or True)(control)
+    scheduled.append(("control", blocks.only("control", ticks.wrap("control", control)),
+                      pyspy_interval or cadence.entries))
     stop = threading.Event()
 
-    def helpers() -> None:  # the in-flight read at its cadence; the control at the ring's
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # as the reporter's
-        next_inflight = next_control = 0.0
-        while not stop.wait(cadence.status):
+    def helpers() -> None:  # each call at its cadence, in the blocks of its kind
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        due = [0.0] * len(scheduled)
+        while not stop.wait(wake):
             now = time.perf_counter()
-            if blocks.kind == "on" and now >= next_inflight and active() is not None:
-                next_inflight = now + cadence.inflight
-            stack()
-            if blocks.kind == "control" and now >= next_control and control() is not None:
-                next_control = now + cadence.entries
+            for i, (kind, call, every) in enumerate(scheduled):
+                if blocks.kind == kind and now >= due[i] and call() is not None:
+                    due[i] = now + every
 
     helper = threading.Thread(target=helpers, daemon=True)
     helper.start()
     stamps = blocks.run(work, seconds, block)
     stop.set()
-    reporter.stop()
+    if reporter is not None:
+        reporter.stop()
     helper.join()
     off_gaps = [g for gaps in blocks.gaps(stamps, "off") for g in gaps]
     on_gaps = [g for gaps in blocks.gaps(stamps, "on") for g in gaps]
@@ -302,8 +317,11 @@ def measure(work: Callable[[], None], seconds: float, block: float,
         "block_seconds": block, "without": summary(off_gaps), "with": summary(on_gaps),
         "overhead": overhead(blocks, stamps, "on"),
         "control_overhead": overhead(blocks, stamps, "control"),
-        "reporter_gil_bound_pct": held / on_seconds * 100 if flight.native else None,
-        "control_seconds": read_seconds,
+        "reporter_gil_bound_pct": held / on_seconds * 100 if native else None,
+        "control_seconds": read_seconds, "on_seconds": on_seconds,
+        # the stalls beyond their floors, summed: the step time they can account for
+        "stall_share_pct": {kind: (sum(values) - sum(floors[kind])) / on_seconds * 100
+                            for kind, values in kinds.items()},
         "steal_pct": {kind: steal / max(total, 1) * 100
                       for kind, (steal, total) in blocks.cpu.items()},
         "ticks": {kind: {"count": len(values),
@@ -316,14 +334,63 @@ def measure(work: Callable[[], None], seconds: float, block: float,
                          "tick_median_ms": statistics.median(durations[kind]) * 1e3,
                          "cpu_median_ms": statistics.median(cpu[kind]) * 1e3,
                          "user_median_ms": statistics.median(ticks.user[start] for k, start, _
-                                                             in spans if k == kind) * 1e3}
+                                                             in spans if k == kind) * 1e3,
+                         "children_cpu_median_ms": statistics.median(
+                             ticks.children[start] for k, start, _ in spans if k == kind) * 1e3,
+                         "children_cpu_max_ms": max(
+                             ticks.children[start] for k, start, _ in spans if k == kind) * 1e3}
                   for kind, values in kinds.items()}}
 
 
-def _timed(call: Callable[[], Any]) -> float:
-    started = time.perf_counter()
+def _pyspy_call() -> Callable[[], Any]:
+    """The daemon's stack sample of this process: the real py-spy, from outside."""
+    from llmmon.ranks.stacksampler import DUMP_TIMEOUT
+    from llmmon.sources import pyspy
+    binary = pyspy.find_binary("py-spy")
+    if binary is None:
+        raise SystemExit("py-spy not found on PATH nor beside this interpreter")
+    pid = os.getpid()
+    return lambda: pyspy.dump(binary, pid, DUMP_TIMEOUT)
+
+
+def _reporter_calls(ticks: Ticks, blocks: Blocks, cadence: Cadence) -> tuple[
+        Reporter, bool, float, list[tuple[str, Callable[[], Any], float]]]:
+    """A reporter ticking in `on` blocks, started and connected; whether torch's ring read is
+    its native one; that read's median seconds; the helper's calls in `on` blocks (kind, call,
+    seconds between calls)."""
+    spool = tempfile.mkdtemp(prefix="llmmon-jitter-spool-")
+    os.environ.update(LLMMON_JOB="jitter", RANK="0")
+    reporter = Reporter(spool, cadence, StepStats())
+    reporter.tick = blocks.only(  # type: ignore[method-assign]
+        "on", ticks.wrap("tick", reporter.tick))
+    reporter._write_entries = ticks.wrap(  # type: ignore[method-assign]
+        "ring-write", reporter._write_entries)
+    reporter.start()
+    while reporter._session is None:  # connected: the first tick ran
+        time.sleep(0.05)
+    flight = reporter._session.flight
+    if flight.native:  # torch's one call: without the GIL, or through the binding
+        read_seconds = statistics.median(_timed(lambda: flight._native(True, False))
+                                         for _ in range(5))
+        flight._native = ticks.wrap("ring-read", flight._native)
+    else:
+        read_seconds = statistics.median(
+            _timed(lambda: flight._pickled(includeCollectives=True, includeStackTraces=False,
+                                           onlyActive=False)) for _ in range(5))
+        flight._pickled = ticks.wrap("ring-read", flight._pickled)
+    ticks.spans.clear()
+    # the in-flight read at its cadence; the training thread's stack every status second
+    active = blocks.only("on", ticks.wrap("in-flight", reporter._session.flight.active))
+    main_thread = threading.get_ident()
+    stack = blocks.only("on", ticks.wrap("stack", lambda: activity.stack(main_thread)))
+    return reporter, flight.native, read_seconds, [("on", active, cadence.inflight),
+                                                   ("on", stack, 0.0)]
+
+
+def _timed(call: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    started = clock()
     call()
-    return time.perf_counter() - started
+    return clock() - started
 
 
 def main() -> None:
@@ -341,6 +408,13 @@ def main() -> None:
     parser.add_argument("--whole-ring", action="store_true",
                         help="decode every record of each ring read, as the reporter did before "
                         "it skipped to the first record not yet shipped (a before/after run)")
+    parser.add_argument("--sampler", choices=("reporter", "pyspy"), default="reporter",
+                        help="what works in `on` blocks: the reporter in the process (default), "
+                        "or py-spy dumping it from outside as the daemon samples a rank that "
+                        "runs without the reporter")
+    parser.add_argument("--pyspy-interval", type=float, default=5.0,
+                        help="with --sampler pyspy, seconds between dumps in an on block "
+                        "(default 5: --collector.ranks.stack-interval's; 2: the quick rate)")
     args = parser.parse_args()
     if args.whole_ring:
         from llmmon_reporter import entrylog
@@ -387,9 +461,15 @@ def main() -> None:
                                "cadence_s": {"status": cadence.status,
                                              "inflight": cadence.inflight,
                                              "entries": cadence.entries},
-                               "seconds": args.seconds, "loops": {}}
+                               "seconds": args.seconds, "sampler": args.sampler, "loops": {}}
+    pyspy_interval = args.pyspy_interval if args.sampler == "pyspy" else None
+    if pyspy_interval is not None:
+        results["pyspy_interval_s"] = pyspy_interval
     for name in names:
-        results["loops"][name] = measure(loops[name], args.seconds, args.block, cadence)
+        load = os.getloadavg()  # another job on this machine shows here
+        results["loops"][name] = measure(loops[name], args.seconds, args.block, cadence,
+                                         pyspy_interval)
+        results["loops"][name]["loadavg"] = {"start": load, "end": os.getloadavg()}
     dist.destroy_process_group()
 
     print(f"{'loop':8}{'kind':12}{'count':>6}{'call med':>10}{'cpu med':>9}{'user med':>9}"
@@ -407,7 +487,7 @@ def main() -> None:
               f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "
               f"median {loop['with']['median_ms']:.3f} p99 {loop['with']['p99_ms']:.3f} max "
               f"{loop['with']['max_ms']:.2f}")
-        for label, key in (("reporter", "overhead"), ("control", "control_overhead")):
+        for label, key in ((args.sampler, "overhead"), ("control", "control_overhead")):
             o = loop[key]
             print(f"{name:8}{label:12} step-time overhead against the off block of each of "
                   f"{o['pairs']} cycles: median {o['median_pct']:+.2f} % (quartiles "
@@ -419,9 +499,21 @@ def main() -> None:
                   f"{loop['reporter_gil_bound_pct']:.3f} % of the on blocks' time (target "
                   "< 0.2 %: the most the GIL can have taken from the loop); control call "
                   f"{loop['control_seconds'] * 1e3:.1f} ms")
+        if "py-spy" in loop["ticks"]:
+            dumps = loop["ticks"]["py-spy"]
+            print(f"{name:8}{'py-spy':12} {dumps['count']} dumps in {loop['on_seconds']:.0f} s "
+                  f"of on blocks; py-spy's CPU per dump (the daemon's): median "
+                  f"{dumps['children_cpu_median_ms']:.1f} ms, max "
+                  f"{dumps['children_cpu_max_ms']:.1f} ms; control call "
+                  f"{loop['control_seconds'] * 1e3:.1f} ms; stalls beyond their floors "
+                  f"{loop['stall_share_pct']['py-spy']:+.3f} % of the on blocks' time")
+        print(f"{name:8}{'load':12} load average (1, 5, 15 min) at the start "
+              + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["start"]) + "; at the end "
+              + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["end"]))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "trainer_jitter.json").write_text(json.dumps(results, indent=1))
+    stem = "trainer_jitter" + (f"_pyspy_{pyspy_interval:g}s" if pyspy_interval else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
