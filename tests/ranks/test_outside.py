@@ -418,3 +418,17 @@ def test_an_exception_nobody_read_does_not_take_the_job_down():
     mine = verdict("j", [0, 1], [End(0, 10.0, 11.0, "vanished", 1, ""),
                                  End(1, 12.0, 13.0, "vanished", -15, "")])
     assert mine is not None and mine["first"] == [0], mine
+
+
+def test_a_rank_the_reporter_follows_is_left_to_it_with_its_workers(tmp_path: Path):
+    """Its DataLoader workers inherit its environment: found from outside they would be the
+    rank again (and cost a py-spy dump each)."""
+    from llmmon.ranks.outside import OutsideRanks
+
+    write_process(tmp_path, 10, 1, 500, {**TORCHRUN, "RANK": "0", "LOCAL_RANK": "0"})
+    write_process(tmp_path, 11, 1, 501, TORCHRUN)  # rank 1, followed through its reporter
+    write_process(tmp_path, 12, 11, 900, TORCHRUN)  # its DataLoader worker
+    outside = OutsideRanks(RootedFS(str(tmp_path)), None, 10.0, 5.0, 180.0)
+    job = discover.job_of(TORCHRUN, 1)
+    run = outside.run(0.0, {(job, 1): 11}, None)
+    assert [(found.rank, found.pid) for found, _ in run.states] == [(0, 10)]

@@ -520,7 +520,7 @@ class RanksCollector(Collector):
         of a rank wins over what is seen from outside."""
         if self.outside is None:
             return
-        reported = {t.pid for t in self.ledger.tracks.values()
+        reported = {key: t.pid for key, t in self.ledger.tracks.items()
                     if t.state.health.fr_api != SEEN_FROM_OUTSIDE}
         run = self.outside.run(now, reported, self.watch)
         if run.notes.dropped:

@@ -11,7 +11,7 @@ while its job is suspect, as the reporter ships one only while its rank complete
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Mapping
 
 from llmmon.ranks.discover import Follower, Found, Scanner, Seen
 from llmmon.ranks.liveness import PidWatch
@@ -45,9 +45,13 @@ class OutsideRanks:
         self.scanner = Scanner(self.procfs)
         self.follower = Follower(self.procfs)
 
-    def run(self, now: float, reported: Iterable[int], watch: PidWatch | None) -> Pass:
-        """Find the ranks (but the `reported` pids), judge their jobs, write their states."""
-        found = self.scanner.scan(now, reported)
+    def run(self, now: float, reported: Mapping[tuple[str, int], int],
+            watch: PidWatch | None) -> Pass:
+        """Find the ranks but the `reported` ones ((job, rank) -> pid: the reporter's evidence
+        wins; their DataLoader workers, which inherit the rank's environment, go with them),
+        judge their jobs, write their states."""
+        found = [r for r in self.scanner.scan(now, reported.values())
+                 if (r.job_id, r.rank) not in reported]
         seen = self.follower.observe(found, now)
         histories = self.sampler.histories() if self.sampler else {}
         jobs: dict[str, list[Found]] = {}
