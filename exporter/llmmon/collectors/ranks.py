@@ -26,7 +26,7 @@ from llmmon.ranks.liveness import PidWatch, seen_alive
 from llmmon.ranks.netns import Member, TcpWatch
 from llmmon.ranks.discover import SEEN_FROM_OUTSIDE
 from llmmon.ranks.outside import OutsideRanks
-from llmmon.ranks.stacks import StackVerdict
+from llmmon.ranks.stacks import StackVerdict, collective
 from llmmon.ranks.stacksampler import StackSampler
 from llmmon.sources import pyspy
 from llmmon_reporter.layout import DEFAULT_FR_DIR, DEFAULT_PIPE_DIR, DEFAULT_SPOOL
@@ -275,6 +275,12 @@ STACK_SYMMETRIC = MetricSpec(
     "A job hung by its stacks (no reporter) whose every rank here waits in the same "
     "collective: no rank here is to blame (LLMTrainingHang, reason=stack_symmetric).",
     ("job_id", "op"))
+STACK_OP = MetricSpec(
+    "llmmon_rank_stack_op_info", "info",
+    "Of a job hung by its stacks (no reporter): the collective a rank's frames are blocked in "
+    "(op; not a send or receive, which differ by design). Across nodes, a rank in another "
+    "collective than most of the job's, while no rank waits on nothing, is a desync "
+    "(LLMTrainingDesync, reason=stack_op).", RANK + ("op",))
 STACK_SAMPLES = MetricSpec(
     "llmmon_ranks_stack_samples_total", "counter",
     "py-spy stack samples of ranks without the reporter, by result: taken, failed (the "
@@ -296,7 +302,7 @@ class RanksCollector(Collector):
              EXIT_CODE, CPU_SECONDS, READ_BYTES, WRITTEN_BYTES, SWITCHES, CPU_IDLE, IO_IDLE,
              WAITING, DOING_INFO, ISSUED, USUAL, STALL_THRESHOLD, STALLED, GROUP_PROGRESS, QUIET,
              GAP, GAP_BASELINE, GAP_INSIDE, TCP_SENT, TCP_RETRANSMITTED, TCP_TIMEOUTS,
-             STACK_UNCHANGED, STACK_THRESHOLD, STACK_ROOT, STACK_SYMMETRIC,
+             STACK_UNCHANGED, STACK_THRESHOLD, STACK_ROOT, STACK_SYMMETRIC, STACK_OP,
              STACK_SAMPLES, STACK_CPU)
     options = (
         Option("spool_dir", "str", DEFAULT_SPOOL,
@@ -627,6 +633,10 @@ class RanksCollector(Collector):
                 families.add(STACK_ROOT, [job.job_id, str(rank)], 1)
             if job.verdict.stalled and seen.symmetric:
                 families.add(STACK_SYMMETRIC, [job.job_id, seen.symmetric], 1)
+            if job.verdict.stalled:
+                for rank, op in sorted(seen.waits.items()):
+                    if collective(op):
+                        families.add(STACK_OP, [job.job_id, str(rank), op], 1)
         sampler = self.outside.sampler if self.outside else None
         if sampler is not None:
             for result in ("taken", "failed", "over_budget"):

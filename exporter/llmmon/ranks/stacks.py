@@ -49,6 +49,8 @@ _OPS = frozenset((
     "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "gather", "scatter",
     "barrier", "monitored_barrier"))
 INSIDE_TORCH = "torch"  # blocked inside torch, in no collective its frames name
+# Point-to-point ops: a pipeline's stages wait in sends and receives that differ by design
+P2P = frozenset(("send", "isend", "recv", "irecv", "batch_isend_irecv"))
 
 
 Signature = tuple[tuple[str, int, str], ...]
@@ -69,6 +71,11 @@ def blocked_in(frames: tuple[StackFrame, ...]) -> str | None:
         if frame.module == _C10D and frame.function in _OPS:
             return frame.function
     return INSIDE_TORCH
+
+
+def collective(op: str | None) -> bool:
+    """A named collective: what the ranks of a job must all be in at once."""
+    return op is not None and op != INSIDE_TORCH and op not in P2P
 
 
 @dataclass
@@ -216,8 +223,8 @@ def _roots(ops: Mapping[int, str | None], stopped: set[int]) -> tuple[tuple[int,
     if outside or stopped:
         return tuple(sorted(outside | stopped)), "", False
     # a rank inside torch in no named operation (the autograd engine, a Work's wait) may wait
-    # in any of them: it is never the odd one
-    counts = Counter(op for op in ops.values() if op not in (None, INSIDE_TORCH))
+    # in any of them, and pipeline stages in their sends and receives: never the odd ones
+    counts = Counter(op for op in ops.values() if collective(op))
     if len(counts) <= 1:
         return (), next(iter(counts), INSIDE_TORCH), False
     most = max(counts.values())
@@ -225,4 +232,4 @@ def _roots(ops: Mapping[int, str | None], stopped: set[int]) -> tuple[tuple[int,
     if len(common) > 1:
         return (), "", True
     return tuple(sorted(r for r, op in ops.items()
-                        if op not in (common[0], INSIDE_TORCH))), "", False
+                        if collective(op) and op != common[0])), "", False
