@@ -15,6 +15,7 @@ count from the fault's onset.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -297,6 +298,7 @@ def measured(metas: list[dict[str, Any]]) -> str:
             + (f", healthy run {m['healthy_s']:.0f} s" if "healthy" in m["classes"] else "")
             + f", classes `{','.join(m['classes'])}`"
             + (f", jobs: {m['mode']}" if m.get("mode", "reporter") != "reporter" else "")
+            + (f", warm-up {m['warmup_s']:.0f} s" if m.get("warmup_s") is not None else "")
             for m in metas]
     if len(runs) == 1:
         return f"Measured {runs[0]}."
@@ -329,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-result", "--docs", dest="docs", action="store_true",
                         help="write the dated result docs/benchmarks/<date>-faults.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
+                        help="healthy seconds before each fault, for every class that has a "
+                        "warm-up (default: each class's own, 30-45 s)")
     parser.add_argument("--no-reporter", dest="reporter", action="store_false",
                         help="plain torchrun jobs from a venv that holds torch only (nothing "
                         "of llmmon in them): the daemons find the ranks themselves")
@@ -359,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown classes {sorted(unknown)}; known: {[c.name for c in every]}")
     selected = [c for c in every if not wanted or c.name in wanted
                 or (MESH in wanted and c.name.startswith(f"{MESH}-"))]
+    if args.warmup is not None:
+        selected = [dataclasses.replace(c, warmup=args.warmup) if c.warmup else c
+                    for c in selected]
     if os.geteuid() != 0:
         parser.error("needs root: the nodes' ranks run in network namespaces")
     # `kill` stops it as Ctrl-C does: every daemon, job and namespace it started goes with it
@@ -379,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
             "healthy_s": args.healthy, "parallel": args.parallel,
             "classes": [c.name for c in selected], "nodes": list(NODES),
+            "warmup_s": args.warmup,
             "mode": "reporter" if args.reporter else "plain torchrun, no reporter",
             "cause_without_job_id": True}
     args.out.parent.mkdir(parents=True, exist_ok=True)
