@@ -432,3 +432,13 @@ def test_a_rank_the_reporter_follows_is_left_to_it_with_its_workers(tmp_path: Pa
     job = discover.job_of(TORCHRUN, 1)
     run = outside.run(0.0, {(job, 1): 11}, None)
     assert [(found.rank, found.pid) for found, _ in run.states] == [(0, 10)]
+
+
+def test_a_stopped_rank_hangs_its_job_at_the_floor_learned_or_not():
+    """A rank in state T is no phase of training (a slow start is not stopped)."""
+    judge = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)  # nothing learned yet
+    assert judge.threshold() == 180.0
+    verdict = judge.judge([still(0, BACKWARD, 0, 12), still(1, LOADER, 0, 12, stopped=True)])
+    assert verdict.stalled and verdict.roots == (1,)
+    fresh = StackWatch(floor=10.0, factor=5.0, ceiling=180.0)
+    assert not fresh.judge([still(0, BACKWARD, 0, 12), still(1, LOADER, 0, 12)]).stalled

@@ -19,7 +19,8 @@ while its process also uses no CPU: a job whose "compute" is a sleep at one line
 kernel launched from one line) shows the same stack at every sample while it trains.  A rank
 inside torch counts by its stack alone: an NCCL wait spins a CPU.
 
-Until the job has been seen in its training loop (a rank back at a stack it had before, after
+A stopped rank (state T: SIGSTOP, a debugger) is no phase of training: with one, the job is
+hung at `stall_floor`, learned or not.  Until the job has been seen in its training loop (a rank back at a stack it had before, after
 another: A, B, A; start-up's imports and rendezvous never come back), the threshold is the
 ceiling: a job that starts with minutes of compilation or loading holds its stacks still from
 the start.  After that it is `stall_factor` times the 90th percentile of the still periods,
@@ -205,7 +206,11 @@ class StackWatch:
             self.episodes.append(self._last)  # a still period that ended: the job moved on
         self._last = unchanged
         threshold = self.threshold()
-        stalled = self._stalled = unchanged >= threshold
+        # a stopped rank (SIGSTOP, a debugger) is no phase of training: the floor is enough,
+        # learned or not
+        stopped = any(r.stopped for r in ranks)
+        stalled = self._stalled = unchanged >= (min(threshold, self.floor) if stopped
+                                                else threshold)
         suspect = all(r.history.looks_still() or r.cpu_still >= STILL_AFTER or r.stopped
                       for r in ranks)
         ops = {r.rank: blocked_in(r.history.latest or ()) for r in ranks}
