@@ -1,7 +1,7 @@
 """A virtual environment that holds torch and nothing else: a trainer's image without llmmon.
 
-A venv without pip whose site-packages links torch and the distributions torch requires (from
-this interpreter's installation, resolved from their metadata), and nothing else: the fault
+A venv without pip whose site-packages links torch, the distributions torch requires and numpy
+(from this interpreter's installation, resolved from their metadata), and nothing else: the fault
 benchmark's jobs without the reporter, and the tests that prove the reporter needs nothing of
 the daemon's environment, run there.
 """
@@ -44,13 +44,25 @@ def _top_level(name: str) -> set[str]:
     return tops
 
 
+# Not in torch's requirements, but in every image that trains with it: pipelining sends its
+# stage metadata as pickled objects through numpy (`tensor.numpy()`).
+ALONGSIDE = ("numpy",)
+
+
 def torch_only_venv(where: Path) -> Path:
-    """A venv whose site-packages has torch and what torch requires; returns its python."""
+    """A venv whose site-packages has torch, what torch requires and numpy (when this
+    interpreter has it); returns its python."""
     venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(where),
                                                        "platbase": str(where)}))
     needed: set[str] = set()
     _requirements("torch", needed)
+    for name in ALONGSIDE:
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        _requirements(name, needed)
     source = Path(sysconfig.get_path("purelib"))
     for dist in needed:
         for top in _top_level(dist):
