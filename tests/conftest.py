@@ -84,9 +84,15 @@ def compare_golden(name: str, actual: str) -> None:
 
 
 class ServeProcess:
-    """A real `llmmon serve` process on 127.0.0.1, stopped by PID at the end."""
+    """A real `llmmon serve` process on 127.0.0.1, stopped by PID at the end.  It follows the
+    reporter's ranks only (`--collector.ranks.discover=false`) unless the test says otherwise:
+    it shares this machine's PID namespace with every other torch process here, which it would
+    find and follow as ranks without the reporter; discovery is tested in PID namespaces of its
+    own (tests/slow/ranks/test_outside_job.py, bench/faults/pidns.py)."""
 
     def __init__(self, args: list[str], log_path: Path, **popen: Any) -> None:
+        if not any(a.startswith("--collector.ranks.discover") for a in args):
+            args = [*args, "--collector.ranks.discover=false"]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path

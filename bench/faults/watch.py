@@ -73,8 +73,9 @@ def api(ranks: dict[str, dict[str, Any]], job_id: str, world: int) -> tuple[str,
                         set(group.get("stopped", []))
                     quiet |= set(group.get("quiet_ranks", []))
             # A rank's own `doing` and `stack` describe every rank, healthy ones included (a
-            # slow import shows up there); what blames a rank is in the verdict and its exit.
-            described = {**job, "groups": None, "verdict": None, "ranks": [
+            # slow import shows up there), as the job's `stacks` numbers do; what blames a rank
+            # is in the verdict and its exit.
+            described = {**job, "groups": None, "verdict": None, "stacks": None, "ranks": [
                 {k: v for k, v in rank.items() if k not in ("doing", "stack")}
                 for rank in job.get("ranks", [])]}
             for text in _strings(described, VERDICT_KEYS):

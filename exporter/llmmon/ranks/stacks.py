@@ -208,9 +208,9 @@ class StackWatch:
         threshold = self.threshold()
         # a stopped rank (SIGSTOP, a debugger) is no phase of training: the floor is enough,
         # learned or not
-        stopped = any(r.stopped for r in ranks)
-        stalled = self._stalled = unchanged >= (min(threshold, self.floor) if stopped
-                                                else threshold)
+        if any(r.stopped for r in ranks):
+            threshold = min(threshold, self.floor)
+        stalled = self._stalled = unchanged >= threshold
         suspect = all(r.history.looks_still() or r.cpu_still >= STILL_AFTER or r.stopped
                       for r in ranks)
         ops = {r.rank: blocked_in(r.history.latest or ()) for r in ranks}

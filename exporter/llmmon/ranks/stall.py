@@ -17,6 +17,7 @@ from typing import AbstractSet, Any, Mapping
 
 from llmmon.ranks import culprit, desync, dimension, ending, pace, slowdown, stacks, waitfor
 from llmmon.ranks.culprit import Doing
+from llmmon.ranks.discover import SEEN_FROM_OUTSIDE
 from llmmon.ranks.ending import End
 from llmmon.ranks.ledger import Ledger, RankTrack
 from llmmon.ranks.liveness import PidWatch, Process
@@ -659,7 +660,8 @@ def _job_evidence(ledger: Ledger, job_id: str, tracks: list[RankTrack], now: flo
     loss = tcp.loss(job_id, now, slowdown.WINDOW) if tcp else None
     ranks = tuple(_rank_view(job, t, now, limits) for t in tracks)
     slow = None if job.end else slowdown.verdict(job_id, [g.json() for g in groups], lags, loss)
-    if seen is not None and not pgs:  # no rank here reports a group: the stacks judge
+    outside_only = all(t.state.health.fr_api == SEEN_FROM_OUTSIDE for t in tracks)
+    if seen is not None and outside_only:  # no rank here has a reporter: the stacks judge
         return JobEvidence(job_id, ranks, groups, job.end, lags, slow,
                            _stack_job_verdict(job_id, job, seen, now, limits), seen)
     return JobEvidence(job_id, ranks, groups, job.end, lags, slow,

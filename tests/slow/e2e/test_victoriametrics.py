@@ -276,7 +276,7 @@ def test_the_hang_rules_read_the_ranks_of_the_stalled_job_only(stacks: Stacks) -
              for r in g["rules"]
              if r.get("alert") in ("LLMTrainingHang", "LLMTrainingNetworkSlow")
              or r.get("record", "").endswith("_stalled")]
-    assert len(rules) == 11
+    assert len(rules) == 13
     for rule in rules:
         trace = _query(stacks.vm, rule["expr"], trace="1", nocache="1")["trace"]
         per_rank = [f for f in _fetches(trace)

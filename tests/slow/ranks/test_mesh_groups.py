@@ -72,12 +72,15 @@ def test_every_mesh_group_is_reported_under_its_own_name_with_its_members(
         assert set(seen["groups"]) <= set(torch_groups), seen
 
 
+STUCK_AT = 5
+
+
 def test_a_rank_stuck_before_its_tp_collective_stays_waited_for_in_its_tp_group(
         tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
     collector = make_collector(spool, tmp_path, stall_after="1s")
-    args = ["--steps", "40", "--compute", "0.02", "--culprit", "1", "--stuck-at", "5"]
+    args = ["--steps", "40", "--compute", "0.02", "--culprit", "1", "--stuck-at", str(STUCK_AT)]
     with Job(tmp_path, 4, args, base_env(LLMMON_SPOOL=str(spool)), script=MESH_TRAINER) as job:
         seen: dict = {}
 
@@ -87,7 +90,10 @@ def test_a_rank_stuck_before_its_tp_collective_stays_waited_for_in_its_tp_group(
                   and g["local_ranks"] == [0, 1]] if doc else []
             seen["tp"] = tp
             seen["ticks"] = {r["rank"]: r["reporter"] for r in doc["ranks"]} if doc else {}
-            return tp[0] if tp and tp[0]["waiting"] == [0] and tp[0]["behind"] == [1] else None
+            # at the stuck step's all-reduce (one a step: #6 after steps 0-4), not an earlier
+            # one a loaded machine left rank 1 late to for a moment
+            return tp[0] if tp and tp[0]["waiting"] == [0] and tp[0]["behind"] == [1] and (
+                tp[0]["op"] or {}).get("seq") == STUCK_AT + 1 else None
 
         try:
             wait_for(tp_group_waits, 240, "rank 0 waiting for rank 1 in tp {0,1}")
