@@ -195,21 +195,29 @@ class StackWatch:
             self.looped |= rank.history.looped
         return moved
 
-    def judge(self, ranks: Iterable[RankStack]) -> StackVerdict:
-        ranks = [r for r in ranks if r.history.count]
-        if not ranks:
-            return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False,
-                                self.looped)
+    def _observe(self, ranks: list[RankStack]) -> float:
+        """How long every rank has been still; a still period the job ended is learned."""
         moved = self._moved(ranks)
         unchanged = min(r.still() for r in ranks)
         if moved and unchanged < self._last and not self._stalled:
             self.episodes.append(self._last)  # a still period that ended: the job moved on
         self._last = unchanged
-        threshold = self.threshold()
-        # a stopped rank (SIGSTOP, a debugger) is no phase of training: the floor is enough,
-        # learned or not
+        return unchanged
+
+    def applied(self, ranks: list[RankStack]) -> float:
+        """The threshold for these ranks: a stopped rank (SIGSTOP, a debugger) is no phase of
+        training, so with one the floor is enough, learned or not."""
         if any(r.stopped for r in ranks):
-            threshold = min(threshold, self.floor)
+            return min(self.threshold(), self.floor)
+        return self.threshold()
+
+    def judge(self, ranks: Iterable[RankStack]) -> StackVerdict:
+        ranks = [r for r in ranks if r.history.count]
+        if not ranks:
+            return StackVerdict(0.0, self.threshold(), False, (), {}, False, "", False,
+                                self.looped)
+        unchanged = self._observe(ranks)
+        threshold = self.applied(ranks)
         stalled = self._stalled = unchanged >= threshold
         suspect = all(r.history.looks_still() or r.cpu_still >= STILL_AFTER or r.stopped
                       for r in ranks)
