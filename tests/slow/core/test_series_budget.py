@@ -47,9 +47,10 @@ def test_the_budget_node_fits_the_default_budget_with_room_for_its_reporters(
                 names.count("llmmon_nccl_collective_duration_seconds_count") >= 8
 
         def ranks_run(samples: dict) -> float:
-            return next(value for (name, labels), value in samples.items()
-                        if name == "llmmon_exporter_collector_last_success_timestamp_seconds"
-                        and dict(labels)["collector"] == "ranks")
+            """When the ranks collector last succeeded (0: not yet, its first run still on)."""
+            return next((value for (name, labels), value in samples.items()
+                         if name == "llmmon_exporter_collector_last_success_timestamp_seconds"
+                         and dict(labels)["collector"] == "ranks"), 0.0)
 
         # Complete, and the same count after a later ranks run: the first runs see the job's
         # groups and collectives appear (a scrape of 1,624 series passed `complete` alone).
@@ -59,7 +60,7 @@ def test_the_budget_node_fits_the_default_budget_with_room_for_its_reporters(
             now = (ranks_run(samples), samples[("llmmon_exporter_series", ())])
             if complete(samples) and steady and now[0] > steady[0] and now[1] == steady[1]:
                 break
-            if complete(samples) and (steady is None or now[0] > steady[0]):
+            if complete(samples) and now[0] and (steady is None or now[0] > steady[0]):
                 steady = now
             assert time.monotonic() < deadline, "the node never showed every series"
             time.sleep(0.5)
