@@ -65,7 +65,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import threading
 import time
