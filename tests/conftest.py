@@ -93,6 +93,8 @@ class ServeProcess:
     def __init__(self, args: list[str], log_path: Path, **popen: Any) -> None:
         if not any(a.startswith("--collector.ranks.discover") for a in args):
             args = [*args, "--collector.ranks.discover=false"]
+        if not any(a.startswith("--collector.incidents.dir") for a in args):  # not the host's
+            args = [*args, f"--collector.incidents.dir={log_path.parent / 'incidents'}"]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path

@@ -452,6 +452,11 @@ class RanksCollector(Collector):
     def api(self) -> dict[str, Any]:
         return {"ranks": self.evidence}
 
+    def latest(self) -> stall.Evidence:
+        """The verdicts of the last run, typed (the incidents collector reads them)."""
+        with self._lock:
+            return self._evidence
+
     def actions(self) -> dict[str, Any]:
         return {"ranks/dump": self.request_dump}
 
