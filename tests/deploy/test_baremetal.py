@@ -93,7 +93,8 @@ def test_hardening_settings():
         assert s[key] == ["yes"], key
     assert s["ProtectSystem"] == ["strict"]
     assert s["ReadOnlyPaths"] == ["/run/llmmon"]
-    assert s["ReadWritePaths"] == ["/var/lib/llmmon/fr"]  # the one place it writes
+    # the places it writes: dumps (moved into sets) and incidents
+    assert s["ReadWritePaths"] == ["/var/lib/llmmon/fr", "/var/lib/llmmon/incidents"]
     assert s["ExecStart"] == [f"{INSTALLED} serve --config.file=/etc/llmmon/llmmon.yml"]
 
 
@@ -121,18 +122,20 @@ def test_unit_lets_the_ranks_collector_read_the_spool_open_pipes_and_keep_dumps(
     read-only /run/llmmon (FIFOs open for writing there), dumps in the one writable path, and
     the same directories `llmmon launch` points torch at and tmpfiles makes."""
     args = build_parser().parse_args(["serve", f"--config.file={SYSTEMD / 'llmmon.yml'}"])
-    ranks = build_settings(args, discover()).collectors["ranks"]
+    settings = build_settings(args, discover())
+    ranks = settings.collectors["ranks"]
     s = service_settings(unit())
-    (read_only,), (writable,) = s["ReadOnlyPaths"], s["ReadWritePaths"]
+    (read_only,), (dumps, incidents) = s["ReadOnlyPaths"], s["ReadWritePaths"]
     assert Path(ranks["spool_dir"]).parent == Path(ranks["pipe_dir"]).parent == Path(read_only)
-    assert ranks["fr_dir"] == writable
+    assert ranks["fr_dir"] == dumps
+    assert settings.collectors["incidents"]["dir"] == incidents
     env = launch_env()
     assert env["LLMMON_SPOOL"] == ranks["spool_dir"]
     assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == f"{ranks['pipe_dir']}/4242/rank_"
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == f"{ranks['fr_dir']}/4242/rank_"
     made = {line.split()[1] for line in (SYSTEMD / "llmmon.tmpfiles.conf").read_text()
             .splitlines() if line.startswith("d ")}
-    assert {ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"]} <= made
+    assert {ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"], incidents} <= made
 
 
 def launch_env() -> dict[str, str]:

@@ -40,6 +40,7 @@ SPOOL = "/run/llmmon/ranks"
 # Shared with training pods at the same paths: volume name -> (host path, read-only here).
 SHARED = {"ranks": (SPOOL, True), "frpipe": ("/run/llmmon/frpipe", True),
           "fr": ("/var/lib/llmmon/fr", False)}
+INCIDENTS = "/var/lib/llmmon/incidents"  # the exporter's own, not shared with training pods
 NODE_TMPFILES = KUSTOMIZE / "node" / "llmmon.tmpfiles.conf"
 
 
@@ -163,12 +164,13 @@ def test_host_mounts_are_minimal_and_read_only_but_the_dump_directory(path, tmp_
     spec = pod(path)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     relay = {"kmsg": "/dev/kmsg"} if path.name == "kernel-log" else {}  # the sidecar's only
-    assert host == {"sys": "/sys", "proc": "/proc", **relay,
+    assert host == {"sys": "/sys", "proc": "/proc", **relay, "incidents": INCIDENTS,
                     **{name: where for name, (where, _) in SHARED.items()}}
     assert not relay.keys() & {m["name"] for m in container(path)["volumeMounts"]}
     mounts = {m["name"]: m for m in container(path)["volumeMounts"]}
     writable = {name for name, m in mounts.items() if m.get("readOnly") is not True}
-    assert writable == {"fr"}  # settled dumps are moved into sets and old sets pruned
+    # settled dumps are moved into sets and old sets pruned; incidents are written
+    assert writable == {"fr", "incidents"}
     assert container(path)["securityContext"]["readOnlyRootFilesystem"] is True
     for name, (where, read_only) in SHARED.items():
         assert mounts[name]["mountPath"] == where  # the paths training pods use
@@ -182,6 +184,8 @@ def test_host_mounts_are_minimal_and_read_only_but_the_dump_directory(path, tmp_
     ranks = _settings(path, tmp_path).collectors["ranks"]  # what the ranks collector opens
     assert (ranks["spool_dir"], ranks["pipe_dir"], ranks["fr_dir"]) == \
         tuple(mounts[name]["mountPath"] for name in ("ranks", "frpipe", "fr"))
+    assert _settings(path, tmp_path).collectors["incidents"]["dir"] == \
+        mounts["incidents"]["mountPath"]
 
 
 @pytest.mark.parametrize("path", WITH_EXPORTER, ids=ident)
@@ -222,6 +226,9 @@ def test_node_tmpfiles_make_every_shared_directory_for_the_daemonsets_user():
     acls = {line[1]: line[6] for line in lines if line[0] == "a+"}
     assert set(acls) == {SHARED["frpipe"][0], SHARED["fr"][0]}
     assert all(f"default:user:{uid}:rwx" in acl.split(",") for acl in acls.values())
+    gid = pod(KUSTOMIZE)["securityContext"]["runAsGroup"]
+    incidents = next(line for line in lines if line[0] == "d" and line[1] == INCIDENTS)
+    assert incidents[2:5] == ["0750", str(uid), str(gid)]  # the exporter's alone
 
 
 def _config_name(path: Path) -> str:

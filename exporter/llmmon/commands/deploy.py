@@ -82,12 +82,14 @@ DAEMONSET = "deploy/kubernetes/base/daemonset.yaml"
 
 
 def node_tmpfiles(root: Path) -> str:
-    """The shared directories for Kubernetes GPU nodes: the systemd lines, with the ACLs that
-    name the llmmon user naming the DaemonSet's uid instead (nodes have no llmmon user)."""
+    """The shared directories for Kubernetes GPU nodes: the systemd lines, with the ACLs and
+    owners that name the llmmon user and group naming the DaemonSet's uid and gid instead
+    (nodes have no llmmon user)."""
     daemonset = yaml.safe_load((root / DAEMONSET).read_text(encoding="utf-8"))
-    uid = daemonset["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
-    return (root / TMPFILES).read_text(encoding="utf-8").replace(":user:llmmon:",
-                                                                  f":user:{uid}:")
+    context = daemonset["spec"]["template"]["spec"]["securityContext"]
+    uid, gid = context["runAsUser"], context["runAsGroup"]
+    return (root / TMPFILES).read_text(encoding="utf-8").replace(
+        ":user:llmmon:", f":user:{uid}:").replace(" llmmon llmmon ", f" {uid} {gid} ")
 
 
 # output file (relative to the repository) -> (its sources, the objects or text it holds)

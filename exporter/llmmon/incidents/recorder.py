@@ -127,7 +127,7 @@ class Recorder:
                    f"{layout.slug(job.job_id)}-{secrets.token_hex(3)}"
         os.makedirs(self.root, 0o750, exist_ok=True)
         tmp = os.path.join(self.root, layout.TMP_PREFIX + incident)
-        os.mkdir(tmp, 0o750)
+        _mkdir(tmp)
         try:
             return self._fill(tmp, incident, job, trigger, declared, start)
         except BaseException:
@@ -263,7 +263,8 @@ class _Budget:
             size = os.fstat(src.fileno()).st_size
             if not self._room(name, size):
                 return False
-            os.makedirs(os.path.join(self.directory, layout.FR_DIR), 0o750, exist_ok=True)
+            if not os.path.isdir(os.path.join(self.directory, layout.FR_DIR)):
+                _mkdir(os.path.join(self.directory, layout.FR_DIR))
             data = src.read(size)
         _create(os.path.join(self.directory, name), data)
         self.files[name] = len(data)
@@ -325,9 +326,16 @@ def _tree_bytes(path: str) -> int:
 
 
 def _create(path: str, data: bytes) -> None:
+    """A new file of the daemon's user and group, 0640 whatever the umask (systemd's 0077)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
     with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o640)
         out.write(data)
+
+
+def _mkdir(path: str) -> None:
+    os.mkdir(path, 0o750)
+    os.chmod(path, 0o750)
 
 
 def _dumps(document: Any) -> bytes:
