@@ -127,6 +127,17 @@ def _runbook_url(thresholds: Mapping[str, Threshold], alert: str) -> str:
     return f"{thresholds['runbook_base_url'].text}#{alert.lower()}"
 
 
+# Alerts whose job has an incident on its nodes (docs/incidents.md): the link to it, on the
+# alert's node when that node kept one, else on any node of the job.
+INCIDENT_ALERTS = ("LLMTrainingHang", "LLMTrainingDesync")
+INCIDENT_URL = (
+    '{{ $i := printf "llmmon_job_incident_info{cluster=%q,job_id=%q,node=%q}" $labels.cluster '
+    '$labels.job_id $labels.node | query }}{{ if not $i }}{{ $i = printf '
+    '"llmmon_job_incident_info{cluster=%q,job_id=%q}" $labels.cluster $labels.job_id | query '
+    '| sortByLabel "node" }}{{ end }}{{ with $i }}{{ with . | first }}${incident_url_scheme}://'
+    '{{ .Labels.instance }}/incidents/{{ .Labels.incident }}{{ end }}{{ end }}')
+
+
 def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
            source_dir: Path = SOURCE_DIR) -> Rendered:
     """Render every rule source; raises RenderError on unknown or unused names."""
@@ -148,6 +159,8 @@ def render(thresholds: Mapping[str, Threshold], for_override: str | None = None,
                 doc = rule.pop("doc", "")
                 if "alert" in rule:
                     rule["annotations"]["runbook_url"] = _runbook_url(thresholds, rule["alert"])
+                    if rule["alert"] in INCIDENT_ALERTS:
+                        rule["annotations"]["incident_url"] = expander.text(INCIDENT_URL)
                     if for_override is not None and "for" in rule:
                         rule["for"] = for_override
                 infos.append(RuleInfo(

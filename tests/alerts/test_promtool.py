@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from alerts import render
+from alerts.render import INCIDENT_ALERTS
 from tests.alerts.alert_helpers import PROMTOOL_TESTS, promtool_cases
 
 RULE_FILES = sorted(render.RULES_DIR.glob("*.yaml"))
@@ -37,7 +38,9 @@ def test_every_rule_fires_in_full_somewhere_and_every_alert_has_a_near_miss(aler
         firing = [alert for case, alert in cases if case["alertname"] == name and alert
                   and labels.items() <= {k: str(v) for k, v in alert["exp_labels"].items()}.items()]
         assert firing, f"{name} {labels}: no promtool case where it fires"
-        assert all(set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
+        written = {"summary", "description", "runbook_url"} | (
+            {"incident_url"} if name in INCIDENT_ALERTS else set())
+        assert all(set(alert["exp_annotations"]) == written
                    for alert in firing), f"{name}: annotations not written out in full"
         assert any(case["alertname"] == name and not alert for case, alert in cases), \
             f"{name}: no promtool case where it must stay silent"
