@@ -39,6 +39,11 @@ class FaultClass:
     def world(self) -> int:
         return sum(self.nproc)
 
+    @property
+    def stalls(self) -> bool:
+        """A hang or an abnormal end: each node of the job keeps an incident of it."""
+        return self.window == HANG_WINDOW and not self.must_not_page and self.fault != "none"
+
 
 HANG_WINDOW = 330.0  # shipped defaults page ~250 s after the last completion, + group_wait 30 s
 MESH_HEALTHY_WINDOW = 300.0

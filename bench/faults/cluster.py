@@ -89,6 +89,10 @@ class Node:
     def pipe_dir(self) -> Path:
         return self.root / "frpipe"
 
+    @property
+    def incidents(self) -> Path:
+        return self.root / "incidents"
+
 
 @dataclass
 class Cluster:
@@ -140,7 +144,9 @@ class Cluster:
                     [sys.executable, "-m", "llmmon", "serve",
                      f"--web.listen-address=127.0.0.1:{port}", f"--spool.dir={node.spool}",
                      f"--collector.ranks.fr-dir={node.fr_dir}",
-                     f"--collector.ranks.pipe-dir={node.pipe_dir}"]),
+                     f"--collector.ranks.pipe-dir={node.pipe_dir}",
+                     f"--collector.incidents.dir={node.incidents}",
+                     f"--collector.incidents.node={name}"]),
                     env=env, cwd=node.root, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL)
             targets.append({"targets": [f"127.0.0.1:{port}"],
@@ -187,6 +193,19 @@ class Cluster:
             node.ns.__exit__()
         if self.receiver is not None:
             self.receiver.close()
+
+    def incidents(self) -> dict[str, list[dict[str, Any]]]:
+        """Each node's incidents as it wrote them (summary.json), oldest first."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for node in self.nodes:
+            found = []
+            for path in sorted(node.incidents.glob("*/summary.json")):
+                try:
+                    found.append(json.loads(path.read_text()))
+                except (OSError, ValueError):
+                    continue
+            out[node.name] = found
+        return out
 
     def ranks(self) -> dict[str, dict[str, Any]]:
         """Each node's /api/v1/ranks (a node that does not answer is left out)."""

@@ -58,6 +58,31 @@ class Run:
     tickets: list[str] = field(default_factory=list)
     job_ended_at: float | None = None
     shaped: str = ""  # the qdisc that degraded the link, for the network class
+    incidents: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> its first
+
+    def observe_incidents(self, found: dict[str, list[dict[str, Any]]]) -> None:
+        """Each node's first incident of this job since the onset, and what it cost."""
+        for node, summaries in found.items():
+            for summary in summaries:
+                if node in self.incidents or summary.get("job_id") != self.job.monitored_id \
+                        or self.onset is None or summary.get("completed", 0) < self.started:
+                    continue
+                self.incidents[node] = {
+                    "complete_after_s": round(summary["completed"] - self.onset, 1),
+                    "declared_after_s": round(summary["declared"] - self.onset, 1),
+                    "bytes": summary.get("bytes"), "trigger": summary.get("trigger"),
+                    "culprit": summary.get("culprit", {}).get("ranks"),
+                    "cause": summary.get("culprit", {}).get("cause"),
+                    "dumps": summary.get("dumps"), "capture": summary.get("capture"),
+                    "id": summary.get("id")}
+
+    def incident_nodes(self) -> list[str]:
+        """The nodes that keep an incident of the fault: every node of a hung job; of a job
+        that ended, the culprit's (rank 3: node-b), whose rank ended abnormally (the others'
+        were torn down, as a preemption would be)."""
+        if not self.fault.pages:
+            return [NODES[-1]]
+        return [name for name, count in zip(NODES, self.fault.nproc) if count]
 
     def up_ranks(self, ranks: dict[str, dict[str, Any]]) -> int:
         """Ranks that report and (with a warm-up) have stepped: the warm-up counts from the first
@@ -74,6 +99,8 @@ class Run:
             return False
         if now - self.onset >= self.fault.window:
             return True
+        if self.fault.stalls and not set(self.incident_nodes()) <= set(self.incidents):
+            return False
         return not self.fault.must_not_page and all(
             self.sources[k].named_at is not None and self.sources[k].cause_at is not None
             for k in needed)
@@ -100,6 +127,10 @@ class Run:
             "job_ended_after_s": None if self.job_ended_at is None or self.onset is None
             else round(self.job_ended_at - self.onset, 1),
             "sources": {k: s.as_json() for k, s in seen.items()},
+            "incidents": self.incidents,
+            "incident_every_node_s": max(
+                (i["complete_after_s"] for i in self.incidents.values()), default=None)
+            if set(self.incident_nodes()) <= set(self.incidents) else None,
         }
 
 
@@ -130,7 +161,8 @@ def _go(run: Run, now: float, ranks: dict[str, dict[str, Any]]) -> None:
 
 
 def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
-          diagnosed: dict[str, list[str]], notes: list[Any], needed: tuple[str, ...]) -> None:
+          diagnosed: dict[str, list[str]], notes: list[Any], needed: tuple[str, ...],
+          incidents: dict[str, list[dict[str, Any]]]) -> None:
     fault = run.fault
     if run.phase == "starting":
         if run.up_ranks(ranks) >= fault.world:
@@ -153,6 +185,7 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
         return
     if run.job_ended_at is None and run.job.ended():
         run.job_ended_at = now
+    run.observe_incidents(incidents)
     t = round(now - run.onset, 1)
     world, job_id = fault.world, run.job.monitored_id
     text, blamed = watch.api(ranks, job_id, world)
@@ -216,9 +249,10 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                 diagnosed = ({n.name: watch.diagnose_text(n.url) for n in cluster.nodes}
                              if polls % DIAGNOSE_EVERY == 0 else {})
                 notes = cluster.receiver.snapshot() if cluster.receiver else []
+                incidents = cluster.incidents()
                 for run in list(active):
                     try:
-                        _step(run, now, ranks, diagnosed, notes, needed)
+                        _step(run, now, ranks, diagnosed, notes, needed, incidents)
                     except Exception as exc:  # noqa: BLE001 (one class failing ends only it)
                         run.error, run.phase = f"{type(exc).__name__}: {exc}"[:300], "done"
                     if run.phase == "done":
@@ -306,11 +340,28 @@ def measured(metas: list[dict[str, Any]]) -> str:
             + ". A class of a later run replaces the earlier run's row.")
 
 
+INCIDENT_HEADER = ("| class | incident on every node, s after onset | per node: trigger, complete s, "
+                   "KB, culprit, capture CPU s | false incidents |\n|---|---|---|---|")
+
+
+def incident_row(r: dict[str, Any]) -> str:
+    """The class's incidents: when every node of the job had one, and each node's."""
+    nodes = "; ".join(
+        f"{node}: {i['trigger']}, {i['complete_after_s']:.0f} s, {(i['bytes'] or 0) / 1e3:.0f} KB, "
+        f"{', '.join(map(str, i['culprit'] or [])) or '–'} ({i['cause'] or '–'}), "
+        f"{(i.get('capture') or {}).get('cpu_seconds', 0):.3f}"
+        for node, i in sorted(r.get("incidents", {}).items())) or "–"
+    false = len(r.get("incidents", {})) if r["must_not_page"] else 0
+    return f"| {r['class']} | {_s(r.get('incident_every_node_s'))} | {nodes} | {false} |"
+
+
 def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> Path:
     """docs/benchmarks/<date>-faults.md: how the runs were made, the table, what each source
     said first.  The columns are explained in docs/faults.md."""
     table = "\n".join([HEADER, *map(row, results)])
+    kept = "\n".join([INCIDENT_HEADER, *map(incident_row, results)])
     body = (f"{measured(metas)} Columns and method: [faults.md](../faults.md).\n\n{table}\n\n"
+            f"Incidents each node kept ([incidents.md](../incidents.md)):\n\n{kept}\n\n"
             f"What each source said first:\n\n{said(results)}\n")
     command = " ".join(["PYTHONPATH=exporter:reporter python -m bench.faults.run", *sys.argv[1:]])
     path = write_result("faults", body, title="Fault localisation benchmark", command=command)
@@ -419,6 +470,9 @@ def report(results: list[dict[str, Any]], metas: list[dict[str, Any]], docs: boo
     print("\n" + HEADER)
     for r in results:
         print(row(r))
+    print("\n" + INCIDENT_HEADER)
+    for r in results:
+        print(incident_row(r))
     print("\n" + said(results))
     if docs:
         write_doc(results, metas)

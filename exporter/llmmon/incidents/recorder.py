@@ -136,6 +136,7 @@ class Recorder:
 
     def _fill(self, tmp: str, incident: str, job: stall.JobEvidence, trigger: str,
               declared: float, start: float) -> str:
+        cpu, wall = time.thread_time(), time.monotonic()
         _create(os.path.join(tmp, layout.MARKER), b"")
         budget = _Budget(tmp, self.limits.max_bytes)
         local = [r.rank for r in job.ranks if r.alive]
@@ -164,6 +165,10 @@ class Recorder:
                                for g in job.groups if g.stalled],
             "end": job.end, "dumps": collected}
         summary["completed"] = round(self.clock(), 3)
+        # what the capture cost this node: its thread's CPU, and its wall time (mostly the
+        # wait for the dumps)
+        summary["capture"] = {"cpu_seconds": round(time.thread_time() - cpu, 4),
+                              "wall_seconds": round(time.monotonic() - wall, 3)}
         summary.update(files=dict(budget.files), bytes=sum(budget.files.values()),
                        left_out=budget.left_out, errors=budget.errors)
         _create(os.path.join(tmp, layout.SUMMARY), _dumps(summary))

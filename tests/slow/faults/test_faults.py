@@ -53,6 +53,14 @@ def test_a_rank_stuck_in_its_data_loader_is_the_rank_behind(results: dict) -> No
     assert "rank 3 never enqueued" in api["said"], api["said"]
     assert diagnose["named_at"] is not None and "rank 3" in diagnose["said"], diagnose
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
+    # each node kept an incident of the hang: node-b names its rank 3 and has every local
+    # rank's Flight Recorder dump; node-a's ranks wait for a rank it does not follow
+    kept = r["incidents"]
+    assert set(kept) == {"node-a", "node-b"} and r["incident_every_node_s"] is not None, kept
+    assert (kept["node-b"]["trigger"], kept["node-b"]["culprit"], kept["node-b"]["cause"]) == \
+        ("stalled", [3], "root"), kept
+    assert kept["node-b"]["dumps"] == {"2": "collected", "3": "collected"}, kept
+    assert (kept["node-a"]["culprit"], kept["node-a"]["cause"]) == ([], "remote"), kept
 
 
 def test_every_rank_stuck_before_a_collective_is_a_quiet_hang_and_pages(results: dict) -> None:
@@ -99,6 +107,9 @@ def test_a_rank_that_exits_or_is_killed_is_named_with_its_code_or_signal(results
         assert diagnose["named_at"] is not None and said in diagnose["said"], diagnose
         assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
         assert names_where(r) is None  # nobody is paged for a job's end: n/a, not a miss
+        # the culprit's node kept the end as an incident, naming it
+        end = r["incidents"].get("node-b")
+        assert end and (end["trigger"], end["culprit"], end["cause"]) == ("ended", [3], "ended"), r
 
 
 def test_a_degraded_link_between_the_nodes_is_the_network_not_a_rank(results: dict) -> None:
@@ -150,3 +161,4 @@ def test_a_healthy_job_blames_nobody_and_pages_nobody(results: dict) -> None:
     assert not r["error"], r
     assert r["blamed_wrong"] == [] and r["false_pages"] == 0, r
     assert all(not s["said"] for s in r["sources"].values()), r["sources"]
+    assert r["incidents"] == {}, r["incidents"]  # nor keeps an incident of it
