@@ -102,6 +102,21 @@ def stacks(job: stall.JobEvidence) -> dict[str, Any]:
     return {"ranks": ranks}
 
 
+def collectives(job: stall.JobEvidence, newest: int = 64) -> dict[str, Any]:
+    """Each local rank's progress per group and its newest Flight Recorder records as its
+    last report shipped them (those in flight at a stall), as the daemon holds them."""
+    ranks = {}
+    for rank in job.ranks:
+        state = rank.state
+        records = state.inflight.entries[-newest:] if state.inflight else ()
+        ranks[str(rank.rank)] = {
+            "progress": {pg: {"enqueued": p.enqueued, "started": p.started,
+                              "completed": p.completed}
+                         for pg, p in sorted(state.progress.items())},
+            "records": [r._asdict() for r in records]}
+    return {"ranks": ranks}
+
+
 def environments(job: stall.JobEvidence, procfs: RootedFS) -> dict[str, Any]:
     """The NCCL, torch and launcher variables of each local rank, secrets redacted; read only
     from the process that is the rank (same pid and start time)."""

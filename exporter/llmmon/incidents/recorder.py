@@ -145,6 +145,7 @@ class Recorder:
         who = capture.culprit(job)
         budget.json(layout.RANKS, job.json())
         budget.json(layout.STACKS, capture.stacks(job))
+        budget.json(layout.COLLECTIVES, capture.collectives(job))
         budget.json(layout.ENV, capture.environments(job, self.sources.procfs))
         budget.json(layout.GPUS, capture.gpus(self.ring, start, declared))
         budget.json(layout.NETWORK, capture.network(self.ring, start, declared))
