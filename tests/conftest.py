@@ -189,3 +189,24 @@ def nothing_left_running(request: pytest.FixtureRequest) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"still running before {request.module.__name__}: {left}"
+
+
+HOST_INCIDENTS = Path("/var/lib/llmmon/incidents")  # the incidents collector's default
+
+
+def _host_incidents() -> set[str]:
+    try:
+        return {p.name for p in HOST_INCIDENTS.iterdir()}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_incident_on_the_host(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module's daemons keep their incidents in its own directories: one at the default
+    settings with a stalled fixture job once wrote one per test into this machine's."""
+    before = _host_incidents()
+    yield
+    added = _host_incidents() - before
+    assert not added, f"{request.module.__name__} wrote incidents into {HOST_INCIDENTS}: " \
+                      f"{sorted(added)[:3]}; give its daemons --collector.incidents.dir"

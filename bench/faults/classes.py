@@ -30,6 +30,7 @@ class FaultClass:
     also: tuple[int, ...] = ()  # ranks as much to blame as the culprit (none wrongly blamed)
     needs_page: bool = False  # watched until the notification names it too, in any run
     pages: bool = True  # False: the job ends, which pages nobody (the scheduler knows)
+    incident: bool = False  # a hang (every node of the job keeps an incident) or an end
 
     @property
     def cause_re(self) -> re.Pattern[str]:
@@ -38,11 +39,6 @@ class FaultClass:
     @property
     def world(self) -> int:
         return sum(self.nproc)
-
-    @property
-    def stalls(self) -> bool:
-        """A hang or an abnormal end: each node of the job keeps an incident of it."""
-        return self.window == HANG_WINDOW and not self.must_not_page and self.fault != "none"
 
 
 HANG_WINDOW = 330.0  # shipped defaults page ~250 s after the last completion, + group_wait 30 s
@@ -56,7 +52,7 @@ def mesh_classes() -> tuple[FaultClass, ...]:
     over the job's groups, other than the id rank 3 gives it).  The cause is the function the
     culprit stops in; `notes` says where the others wait (found with py-spy)."""
     def hang(name: str, parallel: str, fault: str, stop: str, notes: str) -> FaultClass:
-        return FaultClass(f"{MESH}-{name}", fault, 3, stop, HANG_WINDOW,
+        return FaultClass(f"{MESH}-{name}", fault, 3, stop, HANG_WINDOW, incident=True,
                           trainer_args=("--parallel", parallel), notes=notes)
 
     def healthy(parallel: str) -> FaultClass:
@@ -99,24 +95,24 @@ def mesh_classes() -> tuple[FaultClass, ...]:
 def classes(healthy_seconds: float) -> tuple[FaultClass, ...]:
     """Every class; `healthy_seconds` is the length of the healthy run."""
     return (
-        FaultClass("loader", "loader", 3, r"load_next_batch", HANG_WINDOW,
+        FaultClass("loader", "loader", 3, r"load_next_batch", HANG_WINDOW, incident=True,
                    notes="rank 3's data loader never returns (sleeps in load_next_batch)"),
         FaultClass("loader-all", "loader-all", 3, r"stuck before its next collective|"
-                   r"no rank .*enqueued", HANG_WINDOW, also=(0, 1, 2), needs_page=True,
+                   r"no rank .*enqueued", HANG_WINDOW, incident=True, also=(0, 1, 2), needs_page=True,
                    notes="every rank's data loader never returns (a file system dead under all "
                    "of them): nobody waits inside a collective, so no rank is behind; right if "
                    "rank 3 (node-b) is named as stuck before its next collective"),
-        FaultClass("lock", "lock", 3, r"update_metrics|\block\b", HANG_WINDOW,
+        FaultClass("lock", "lock", 3, r"update_metrics|\block\b", HANG_WINDOW, incident=True,
                    notes="rank 3 deadlocks on a lock it holds (update_metrics)"),
-        FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW, pages=False,
+        FaultClass("exit", "exit", 3, r"\bexit\w*\b.*\b3\b|code 3", HANG_WINDOW, incident=True, pages=False,
                    notes="rank 3 calls sys.exit(3); torchrun tears the job down"),
-        FaultClass("sigkill", "sigkill", 3, r"\bSIGKILL\b|signal 9|\bkilled\b", HANG_WINDOW,
+        FaultClass("sigkill", "sigkill", 3, r"\bSIGKILL\b|signal 9|\bkilled\b", HANG_WINDOW, incident=True,
                    pages=False, notes="rank 3 is killed with SIGKILL; torchrun tears the job down"),
-        FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW,
+        FaultClass("sigstop", "sigstop", 3, r"\bstopped\b(?! reporting)|frozen|SIGSTOP", HANG_WINDOW, incident=True,
                    notes="rank 3 (reporter thread included) is frozen with SIGSTOP"),
-        FaultClass("desync-size", "desync-size", 3, r"desync|mismatch|size", HANG_WINDOW,
+        FaultClass("desync-size", "desync-size", 3, r"desync|mismatch|size", HANG_WINDOW, incident=True,
                    notes="rank 3 all-reduces 72 floats where its peers all-reduce 64"),
-        FaultClass("desync-op", "desync-op", 3, r"desync|mismatch|broadcast", HANG_WINDOW,
+        FaultClass("desync-op", "desync-op", 3, r"desync|mismatch|broadcast", HANG_WINDOW, incident=True,
                    notes="rank 3 broadcasts where its peers all-reduce"),
         FaultClass("straggler", "straggler", 3, r"straggl|\blate\b|lag|slow", 900.0,
                    nproc=(3, 1), trainer_args=("--slow", "1.4"), background=True,

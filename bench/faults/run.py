@@ -99,7 +99,7 @@ class Run:
             return False
         if now - self.onset >= self.fault.window:
             return True
-        if self.fault.stalls and not set(self.incident_nodes()) <= set(self.incidents):
+        if self.fault.incident and not set(self.incident_nodes()) <= set(self.incidents):
             return False
         return not self.fault.must_not_page and all(
             self.sources[k].named_at is not None and self.sources[k].cause_at is not None

@@ -80,7 +80,8 @@ class Node:
                  f"--netlink.dump={self.links}", f"--spool.dir={self.spool}",
                  "--collector.ranks.stale-after=1h", "--collector.ranks.auto-dump=false",
                  f"--collector.ranks.fr-dir={self.root / 'fr'}",
-                 f"--collector.ranks.pipe-dir={self.root / 'pipe'}"]
+                 f"--collector.ranks.pipe-dir={self.root / 'pipe'}",
+                 f"--collector.incidents.dir={self.root / 'incidents'}"]
         return flags + [f"--collector.{cls.name}.interval={INTERVAL}" for cls in discover()]
 
     def start(self, *extra: str) -> Node:

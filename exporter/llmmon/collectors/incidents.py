@@ -24,7 +24,9 @@ from llmmon.ranks import stall
 
 WRITTEN = MetricSpec("llmmon_incidents_written_total", "counter",
                      "Incident directories written, by what opened them (stalled: a process "
-                     "group or the job's stacks stalled; ended: a rank ended abnormally).",
+                     "group or the job's stacks stalled; waiting: ranks here wait past the "
+                     "job's learned threshold for a rank on another node; ended: a rank ended "
+                     "abnormally).",
                      ("trigger",))
 FAILED = MetricSpec("llmmon_incidents_failed_total", "counter",
                     "Incidents that could not be written (see the log: a full disk, no "

@@ -54,8 +54,22 @@ def onset(job: stall.JobEvidence, now: float) -> float:
         return min(float(r["earliest"]) for r in job.end["ranks"])
     if job.stacks is not None and job.stacks.stalled:
         return now - job.stacks.unchanged
-    still = [max(g.stalled_seconds, g.quiet_seconds) for g in job.groups if g.stalled]
+    still = [max(g.stalled_seconds, g.quiet_seconds) for g in job.groups
+             if g.stalled or g.remote]
     return now - max(still, default=0.0)
+
+
+def trigger(job: stall.JobEvidence) -> str | None:
+    """What opens an incident of the job here, if anything: its verdict (stalled), ranks here
+    waiting past the job's learned threshold for a rank on another node (waiting: that node's
+    daemon judges the rank, and this one calls it stalled only at the ceiling, but its ranks'
+    evidence is needed now, before the job dies), or an abnormal end (ended)."""
+    if job.verdict.stalled:
+        return "stalled"
+    if any(g.remote and g.waiting and g.stalled_seconds >= g.threshold_seconds
+           for g in job.groups):
+        return "waiting"
+    return "ended" if abnormal_end(job) else None
 
 
 def abnormal_end(job: stall.JobEvidence) -> bool:
@@ -74,6 +88,10 @@ def culprit(job: stall.JobEvidence) -> Culprit:
         ranks = tuple(r for r in job.end.get("first") or () if isinstance(r, int))
         return Culprit(ranks, "ended", str(job.end.get("summary", "")))
     text = verdict.summary()
+    if not verdict.stalled:
+        waiting = [g for g in job.groups if g.remote and g.waiting]
+        if waiting:
+            return Culprit((), "remote", waiting[0].summary())
     if job.stacks is not None and verdict.stalled:
         if verdict.roots:
             return Culprit(verdict.roots, "stack_root", text)

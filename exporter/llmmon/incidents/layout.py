@@ -26,7 +26,7 @@ KMSG = "kmsg.txt"
 FILES = (SUMMARY, RANKS, STACKS, COLLECTIVES, ENV, GPUS, NETWORK, KMSG)
 FR_DIR = "fr"
 FR_FILE = re.compile(r"^rank_\d{1,7}(\.json)?$")
-TRIGGERS = ("stalled", "ended")
+TRIGGERS = ("stalled", "waiting", "ended")
 
 
 def slug(job_id: str) -> str:

@@ -82,11 +82,10 @@ class Recorder:
         with self._lock:
             for job_id in list(self._open):
                 job = current.get(job_id)
-                if job is None or (not job.verdict.stalled and job.end is None):
+                if job is None or (capture.trigger(job) is None and job.end is None):
                     del self._open[job_id]
             for job_id, job in current.items():
-                trigger = "stalled" if job.verdict.stalled else (
-                    "ended" if capture.abnormal_end(job) else None)
+                trigger = capture.trigger(job)
                 if trigger is None or job_id in self._open:
                     continue
                 self._open[job_id] = trigger

@@ -71,7 +71,9 @@ class NodePaths:
                 f"--netlink.dump={self.netlink}", f"--spool.dir={self.spool}",
                 f"--collector.ranks.fr-dir={self.root / 'fr'}",
                 f"--collector.ranks.pipe-dir={self.root / 'frpipe'}",
-                f"--collector.gpu.kmsg-path={self.kmsg}"]
+                f"--collector.gpu.kmsg-path={self.kmsg}",
+                f"--collector.incidents.dir={self.root / 'incidents'}",
+                f"--collector.incidents.kmsg-path={self.kmsg}"]
 
 
 def _hex(*parts: object, length: int) -> str:

@@ -60,7 +60,8 @@ def test_a_rank_stuck_in_its_data_loader_is_the_rank_behind(results: dict) -> No
     assert (kept["node-b"]["trigger"], kept["node-b"]["culprit"], kept["node-b"]["cause"]) == \
         ("stalled", [3], "root"), kept
     assert kept["node-b"]["dumps"] == {"2": "collected", "3": "collected"}, kept
-    assert (kept["node-a"]["culprit"], kept["node-a"]["cause"]) == ([], "remote"), kept
+    assert (kept["node-a"]["trigger"], kept["node-a"]["culprit"], kept["node-a"]["cause"]) == \
+        ("waiting", [], "remote"), kept
 
 
 def test_every_rank_stuck_before_a_collective_is_a_quiet_hang_and_pages(results: dict) -> None:
