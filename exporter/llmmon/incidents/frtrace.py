@@ -169,13 +169,13 @@ class Group:
 class Finding:
     """One thing the dumps show, with its sentence."""
 
-    kind: str  # "missing", "desync" or "p2p"
+    kind: str  # "missing", "unread" (a member whose dump is absent), "desync" or "p2p"
     group: str  # name
     desc: str
     members: tuple[int, ...]
     seq: int  # collective seq, or p2p seq for "p2p"
     op: str
-    ranks: tuple[int, ...]  # missing ranks; the ranks that differ; the peer that never posted
+    ranks: tuple[int, ...]  # missing or unread ranks; those that differ; the silent peer
     waiting: tuple[int, ...]  # ranks inside the collective (or the p2p op) that do not return
     text: str
 
@@ -216,8 +216,9 @@ def analyse(dumps: Iterable[Dump], hints: Mapping[str, Iterable[int]] | None = N
     for group, records in groups:
         findings += _collectives(group, records, set(dumps))
         findings += _p2p(group, records, set(dumps))
-    waiting = {r for f in findings for r in f.waiting}
-    culprits = sorted({r for f in findings if f.kind != "desync" for r in f.ranks} - waiting)
+    waiting = {r.rank for _, records in groups for r in records if not r.done}
+    culprits = sorted({r for f in findings if f.kind in ("missing", "p2p") for r in f.ranks}
+                      - waiting)
     return Analysis(tuple(sorted(dumps)), tuple(g for g, _ in groups), tuple(findings),
                     tuple(culprits), tuple(errors))
 
@@ -255,14 +256,19 @@ def _collectives(group: Group, records: list[Record], loaded: set[int]) -> list[
         findings += _desync(group, seq, present)
         missing = tuple(r for r in group.members if r in loaded and r not in present
                         and group.last.get(r, -1) < seq)
+        unread = tuple(r for r in group.members if r not in loaded)
         waiting = tuple(r for r, rec in sorted(present.items()) if not rec.done)
-        if missing and waiting and not hung:
+        if (missing or unread) and waiting and not hung:
             hung = True
             op = present[waiting[0]].op
-            text = (f"{_ranks(missing)} never entered {op} #{seq} of {group.label}; "
-                    f"{_ranks(waiting)} {_verb(waiting, 'wait')} in it")
-            findings.append(Finding("missing", group.name, group.desc, group.members, seq, op,
-                                    missing, waiting, text))
+            wait = f"{_ranks(waiting)} {_verb(waiting, 'wait')} in"
+            if missing:
+                text = f"{_ranks(missing)} never entered {op} #{seq} of {group.label}; {wait} it"
+            else:
+                text = (f"{wait} {op} #{seq} of {group.label}; no dump of "
+                        f"{_ranks(unread)} was read")
+            findings.append(Finding("missing" if missing else "unread", group.name, group.desc,
+                                    group.members, seq, op, missing or unread, waiting, text))
     return findings
 
 

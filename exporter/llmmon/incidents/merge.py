@@ -1,0 +1,346 @@
+"""One report from the incidents a job's nodes kept: what each saw, put side by side.
+
+Each node judges the hang from its own ranks.  A node whose ranks only wait for a peer on
+another node can say no more than "remote"; the node that holds the rank they wait for saw it
+(its stack, its missing collective), so its word wins.  Where nodes that saw for themselves
+name different ranks, the report says so rather than pick silently.  Across nodes it also
+reads what no single node can: every rank's Flight Recorder dump matched together
+(`frtrace`), the same stack on ranks of several nodes, and the one node whose counters rose
+far more than the others' during the stall (`outliers`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from llmmon.incidents import frtrace, layout
+from llmmon.incidents.outliers import Outlier, node_deltas, outliers
+
+MAX_JSON_BYTES = 64 << 20
+SPANS = re.compile(r"(\d+)(?:-(\d+))?")
+FR_RANK = re.compile(r"^fr/rank_(\d{1,7})(\.json)?$")
+
+
+@dataclass(frozen=True)
+class NodeIncident:
+    """One node's incident as fetched: its summary.json and the bytes of its other files."""
+
+    source: str  # where it came from (the daemon's address, or a directory)
+    summary: Mapping[str, Any]
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()  # files that could not be fetched
+
+    @property
+    def node(self) -> str:
+        name = self.summary.get("node")
+        return name if isinstance(name, str) and name else self.source
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A node of the job whose incident could not be had, and why."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # Unix time
+    node: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Culprit:
+    ranks: tuple[int, ...]
+    cause: str  # a summary's culprit.cause, or "flight_recorder" when only the dumps name one
+    text: str
+    named_by: tuple[str, ...]  # the nodes whose summary names these ranks
+    agreed: bool  # every node that saw for itself names the same ranks
+    notes: tuple[str, ...]  # disagreements, and where the culprit's node is missing
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks, on any node, whose stacks are frame for frame the same."""
+
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    where: str
+    frames: tuple[str, ...]  # "function (file:line)", innermost first
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: str
+    source: str
+    incident: str
+    trigger: str
+    local_ranks: tuple[int, ...]
+    verdict: str
+    culprit: Mapping[str, Any]
+    left_out: tuple[str, ...]
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    job_id: str
+    nodes: tuple[NodeView, ...]
+    missing: tuple[Missing, ...]
+    timeline: tuple[Event, ...]
+    culprit: Culprit
+    fr: frtrace.Analysis
+    stacks: tuple[StackGroup, ...]
+    outliers: tuple[Outlier, ...]
+    errors: tuple[str, ...]
+
+    def json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["fr"] = self.fr.json()
+        return doc
+
+    def text(self) -> str:
+        return render(self)
+
+
+def merge(job_id: str, incidents: Iterable[NodeIncident],
+          missing: Iterable[Missing] = ()) -> Report:
+    """The job's report from its nodes' incidents (one per node: the newest)."""
+    incidents = sorted(incidents, key=lambda i: i.node)
+    errors: list[str] = []
+    docs = {i.node: {name: _json(i, name, errors) for name in
+                     (layout.RANKS, layout.STACKS, layout.GPUS, layout.NETWORK)}
+            for i in incidents}
+    fr = _flight_records(incidents, docs)
+    deltas = {i.node: node_deltas(docs[i.node][layout.NETWORK], docs[i.node][layout.GPUS])
+              for i in incidents}
+    return Report(
+        job_id, tuple(_view(i) for i in incidents), tuple(missing),
+        tuple(_timeline(incidents)), culprit(incidents, fr), fr,
+        tuple(_stacks({n: d[layout.STACKS] for n, d in docs.items()})),
+        tuple(outliers(deltas)), tuple(errors))
+
+
+def _json(incident: NodeIncident, name: str, errors: list[str]) -> Any:
+    data = incident.files.get(name)
+    if data is None:
+        return None
+    try:
+        if len(data) > MAX_JSON_BYTES:
+            raise ValueError(f"{len(data)} bytes, over the cap")
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        errors.append(f"{incident.node}: {name}: not read: {exc}")
+        return None
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(v for v in value if type(v) is int) if isinstance(value, list) else ()
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _view(incident: NodeIncident) -> NodeView:
+    s = incident.summary
+    culprit = s.get("culprit") if isinstance(s.get("culprit"), dict) else {}
+    strings = (lambda key: tuple(v for v in s.get(key) or () if isinstance(v, str))
+               if isinstance(s.get(key), list) else ())
+    return NodeView(incident.node, incident.source, _text(s.get("id")), _text(s.get("trigger")),
+                    _ints(s.get("local_ranks")), _text(s.get("verdict")), culprit,
+                    strings("left_out"), strings("errors") + incident.errors)
+
+
+# The culprit ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Claim:
+    node: str
+    ranks: tuple[int, ...]
+    cause: str
+    text: str
+
+
+def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
+    """The ranks the nodes blame.  Nodes that saw the culprit themselves outvote nodes that
+    only see their ranks wait on a remote peer; among those, the ranks the Flight Recorder
+    also names win, then the most nodes."""
+    claims = []
+    for incident in incidents:
+        c = incident.summary.get("culprit")
+        if isinstance(c, dict) and _ints(c.get("ranks")):
+            claims.append(_Claim(incident.node, tuple(sorted(_ints(c.get("ranks")))),
+                                 _text(c.get("cause")), _text(c.get("text"))))
+    seen = [c for c in claims if c.cause not in ("remote", "")]
+    pool = seen or claims
+    if not pool:
+        if fr.culprits:
+            return Culprit(fr.culprits, "flight_recorder",
+                           "; ".join(f.text for f in fr.findings if f.kind != "desync"), (),
+                           True, ("no node names a culprit; the Flight Recorder dumps do",))
+        return Culprit((), "", "no node names a culprit", (), True, ())
+    by_ranks: dict[tuple[int, ...], list[_Claim]] = {}
+    for claim in pool:
+        by_ranks.setdefault(claim.ranks, []).append(claim)
+    chosen = max(by_ranks, key=lambda r: (bool(set(r) & set(fr.culprits)), len(by_ranks[r]),
+                                          [-x for x in r]))
+    notes = []
+    if len(by_ranks) > 1:
+        notes.append("nodes disagree: " + "; ".join(
+            f"{c.node} names {_ranks(c.ranks)} ({c.cause or 'no cause'})" for c in pool))
+    for claim in claims:
+        if claim not in pool or claim.ranks == chosen:
+            continue
+        if claim.cause == "remote":
+            notes.append(f"{claim.node} sees its ranks wait for remote {_ranks(claim.ranks)}")
+    if fr.culprits and set(fr.culprits) != set(chosen):
+        notes.append(f"the Flight Recorder dumps point at {_ranks(fr.culprits)}")
+    held = {r for i in incidents for r in _ints(i.summary.get("local_ranks"))}
+    if not set(chosen) & held:
+        notes.append(f"no node that answered holds {_ranks(chosen)}")
+    first = by_ranks[chosen][0]
+    return Culprit(chosen, first.cause, first.text,
+                   tuple(c.node for c in claims if c.ranks == chosen), len(by_ranks) == 1,
+                   tuple(notes))
+
+
+# Timeline, stacks, dumps ---------------------------------------------------------------------
+
+def _timeline(incidents: list[NodeIncident]) -> list[Event]:
+    events = []
+    for incident in incidents:
+        s, node = incident.summary, incident.node
+        for key, what in (("onset", "stall began, as this node saw it"),
+                          ("declared", "verdict declared"), ("completed", "incident written")):
+            if _time(s.get(key)) is not None:
+                events.append(Event(_time(s.get(key)), node, what))
+        end = s.get("end") if isinstance(s.get("end"), dict) else {}
+        for e in end.get("ranks") or () if isinstance(end.get("ranks"), list) else ():
+            if isinstance(e, dict) and _time(e.get("earliest")) is not None:
+                how = " ".join(str(e[k]) for k in ("how", "code") if e.get(k) is not None)
+                error = f": {_text(e.get('error'))[:120]}" if e.get("error") else ""
+                events.append(Event(_time(e.get("earliest")), node,
+                                    f"rank {e.get('rank')} ended ({how}){error}"))
+        dumps = s.get("dumps") if isinstance(s.get("dumps"), dict) else {}
+        if dumps and _time(s.get("completed")) is not None:
+            said = ", ".join(f"rank {r}: {v}" for r, v in sorted(
+                dumps.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1))
+            events.append(Event(_time(s.get("completed")), node, f"Flight Recorder dumps: {said}"))
+    return sorted(events, key=lambda e: (e.at, e.node))
+
+
+def _time(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    return float(value) if ok else None
+
+
+def _stacks(docs: Mapping[str, Any]) -> list[StackGroup]:
+    groups: dict[tuple[str, ...], tuple[list[int], set[str], str]] = {}
+    for node, doc in docs.items():
+        ranks = doc.get("ranks") if isinstance(doc, dict) else None
+        for rank, stack in (ranks.items() if isinstance(ranks, dict) else ()):
+            if not (isinstance(stack, dict) and str(rank).isdigit()):
+                continue
+            frames = tuple(
+                f"{_text(f.get('function'))} ({_text(f.get('file'))}:{f.get('line')})"
+                for f in stack.get("frames") or () if isinstance(f, dict)) \
+                if isinstance(stack.get("frames"), list) else ()
+            where = _text(stack.get("where"))
+            if not frames and not where:
+                continue
+            entry = groups.setdefault(frames or (where,), ([], set(), where))
+            entry[0].append(int(rank))
+            entry[1].add(node)
+    return sorted((StackGroup(tuple(sorted(r)), tuple(sorted(n)), w, k)
+                   for k, (r, n, w) in groups.items()), key=lambda g: (len(g.ranks), g.ranks))
+
+
+def _flight_records(incidents: list[NodeIncident], docs: Mapping[str, Mapping[str, Any]]
+                    ) -> frtrace.Analysis:
+    """Every node's dumps read together; a group's members from any node's ranks.json."""
+    dumps: dict[int, frtrace.Dump] = {}
+    problems = []
+    for incident in incidents:
+        names = sorted((n for n in incident.files if FR_RANK.match(n)),
+                       key=lambda n: (n.endswith(".json"),), reverse=True)  # JSON first
+        for name in names:
+            rank = int(FR_RANK.match(name).group(1))  # type: ignore[union-attr]
+            if rank in dumps:
+                continue
+            try:
+                dumps[rank] = frtrace.parse(rank, frtrace.load(incident.files[name]))
+            except frtrace.DumpError as exc:
+                problems.append(f"{incident.node}: {name}: {exc}")
+    return frtrace.analyse(dumps.values(), _members(docs), problems)
+
+
+def _members(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """pg name -> its ranks, from the ranks.json of any node ("0-3,8"; cut lists are left)."""
+    members: dict[str, tuple[int, ...]] = {}
+    for doc in docs.values():
+        ranks = doc.get(layout.RANKS)
+        for group in (ranks.get("groups") or () if isinstance(ranks, dict) else ()):
+            label = group.get("ranks") if isinstance(group, dict) else None
+            if isinstance(label, str) and label and "..." not in label \
+                    and isinstance(group.get("pg"), str):
+                spans = [(int(a), int(b or a)) for a, b in SPANS.findall(label)]
+                if spans and sum(b - a + 1 for a, b in spans) <= 1 << 20:
+                    members[group["pg"]] = tuple(r for a, b in spans for r in range(a, b + 1))
+    return members
+
+
+# Text ----------------------------------------------------------------------------------------
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank{'s' if len(ranks) != 1 else ''} {frtrace.ranges(ranks)}"
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}"
+
+
+def render(report: Report) -> str:
+    """The report as plain text, most telling first."""
+    nodes = ", ".join(v.node for v in report.nodes) or "none"
+    lines = [f"job {report.job_id}: incidents from {len(report.nodes)} node(s): {nodes}"]
+    lines += [f"  missing: {m.node}: {m.reason}" for m in report.missing]
+    c = report.culprit
+    lines += ["", "culprit: " + (f"{_ranks(c.ranks)} ({c.cause or 'no cause'}), named by "
+                                 f"{', '.join(c.named_by) or 'no node'}" if c.ranks else c.text)]
+    if c.ranks and c.text:
+        lines.append(f"  {c.text}")
+    lines += [f"  {note}" for note in c.notes]
+    if report.fr.ranks:
+        lines += ["", f"Flight Recorder ({_ranks(report.fr.ranks)}):"]
+        lines += [f"  {line}" for line in report.fr.lines()] or \
+            ["  every collective matched on every rank whose dump was read"]
+    if report.outliers:
+        lines += ["", "counters that stand out during the stall:"]
+        lines += [f"  {o.text}" for o in report.outliers]
+    if report.stacks:
+        lines += ["", "stacks (identical frames grouped):"]
+        for group in report.stacks:
+            lines.append(f"  {_ranks(group.ranks)} on {', '.join(group.nodes)}: {group.where}")
+            lines += [f"      {frame}" for frame in group.frames[:8]]
+    if report.timeline:
+        day = time.strftime("%Y-%m-%d", time.gmtime(report.timeline[0].at))
+        lines += ["", f"timeline (UTC, {day}):"]
+        lines += [f"  {_clock(e.at)}  {e.node}: {e.what}" for e in report.timeline]
+    lines += ["", "nodes:"]
+    for v in report.nodes:
+        ranks = f"{_ranks(v.local_ranks)}" if v.local_ranks else "no ranks"
+        lines.append(f"  {v.node} ({v.source}): incident {v.incident}, {v.trigger}, {ranks}")
+        if v.verdict:
+            lines.append(f"    {v.verdict}")
+        lines += [f"    left out: {x}" for x in v.left_out] + [f"    error: {x}" for x in v.errors]
+    if report.errors:
+        lines += ["", "errors:"] + [f"  {e}" for e in report.errors]
+    return "\n".join(lines) + "\n"
