@@ -195,11 +195,8 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
     if len(by_ranks) > 1:
         notes.append("nodes disagree: " + "; ".join(
             f"{c.node} names {_ranks(c.ranks)} ({c.cause or 'no cause'})" for c in pool))
-    for claim in claims:
-        if claim not in pool or claim.ranks == chosen:
-            continue
-        if claim.cause == "remote":
-            notes.append(f"{claim.node} sees its ranks wait for remote {_ranks(claim.ranks)}")
+    notes += [f"{c.node} sees its ranks wait for remote {_ranks(c.ranks)}" for c in claims
+              if c not in pool and c.ranks != chosen]
     if fr.culprits and set(fr.culprits) != set(chosen):
         notes.append(f"the Flight Recorder dumps point at {_ranks(fr.culprits)}")
     held = {r for i in incidents for r in _ints(i.summary.get("local_ranks"))}

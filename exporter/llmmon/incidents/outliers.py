@@ -76,7 +76,9 @@ def outliers(deltas: Mapping[str, Mapping[str, tuple[float, float | None]]]) -> 
     found = []
     metrics = sorted({m for values in deltas.values() for m in values})
     for metric in metrics:
-        floor = floor_of(metric) or 0.0
+        floor = floor_of(metric)
+        if floor is None:
+            continue
         for node, values in sorted(deltas.items()):
             if metric not in values:
                 continue
@@ -87,9 +89,10 @@ def outliers(deltas: Mapping[str, Mapping[str, tuple[float, float | None]]]) -> 
             median = statistics.median(others)
             if during >= floor and during > RATIO * median:
                 was = "" if before is None else f", {_n(before)} before it"
-                text = (f"{node}: {metric} rose by {_n(during)} during the stall{was}; the "
-                        f"other {len(others)} node{'s' if len(others) > 1 else ''}' median "
-                        f"{_n(median)}")
+                them = "the other node's" if len(others) == 1 else \
+                    f"the median of the {len(others)} other nodes'"
+                text = (f"{node}: {metric} rose by {_n(during)} during the stall{was}; "
+                        f"{them} {_n(median)}")
                 found.append(Outlier(node, metric, during, before, median, floor, text))
     return found
 
