@@ -295,26 +295,27 @@ def _desync(group: Group, seq: int, present: dict[int, Record]) -> list[Finding]
 def _p2p(group: Group, records: list[Record], loaded: set[int]) -> list[Finding]:
     """A send or receive in flight whose peer has no matching one: paired by p2p_seq_id as
     ProcessGroupNCCL numbers them, else by any counterpart in flight between the two."""
-    ops = [r for r in records if r.is_p2p and r.peer is not None]
-    keys = {(r.op, r.peer, r.p2p_seq) for r in ops}
-    pending = {(r.op, r.peer) for r in ops if not r.done}
-    findings = []
-    for rec in sorted(ops, key=lambda r: (r.rank, r.p2p_seq)):
-        if rec.done or not all(0 <= p < len(group.members) for p in rec.peer or ()):
-            continue
-        src, dst = (group.members[p] for p in rec.peer or ())
-        peer = dst if rec.op == "send" else src
-        other = "recv" if rec.op == "send" else "send"
-        if peer not in loaded or (other, rec.peer, rec.p2p_seq) in keys \
-                or (other, rec.peer) in pending:
-            continue
-        posted = "received it" if other == "recv" else "sent it"
-        way = f"to rank {peer}" if rec.op == "send" else f"from rank {peer}"
-        text = (f"rank {rec.rank} waits in {rec.op} #{rec.p2p_seq} {way} of {group.label}; "
-                f"rank {peer} never {posted}")
-        findings.append(Finding("p2p", group.name, group.desc, group.members, rec.p2p_seq,
-                                rec.op, (peer,), (rec.rank,), text))
-    return findings
+    ops = [r for r in records if r.is_p2p and r.peer is not None
+           and all(0 <= p < len(group.members) for p in r.peer)]
+    posted = {(r.op, r.peer, r.p2p_seq) for r in ops} | {(r.op, r.peer) for r in ops
+                                                          if not r.done}
+    found = (_unmatched(group, rec, posted, loaded) for rec in sorted(
+        ops, key=lambda r: (r.rank, r.p2p_seq)) if not rec.done)
+    return [f for f in found if f is not None]
+
+
+def _unmatched(group: Group, rec: Record, posted: set[tuple[Any, ...]], loaded: set[int]
+               ) -> Finding | None:
+    src, dst = (group.members[p] for p in rec.peer or ())
+    peer, other = (dst, "recv") if rec.op == "send" else (src, "send")
+    if peer not in loaded or (other, rec.peer, rec.p2p_seq) in posted \
+            or (other, rec.peer) in posted:
+        return None
+    way = f"to rank {peer}" if rec.op == "send" else f"from rank {peer}"
+    text = (f"rank {rec.rank} waits in {rec.op} #{rec.p2p_seq} {way} of {group.label}; "
+            f"rank {peer} never {'received' if other == 'recv' else 'sent'} it")
+    return Finding("p2p", group.name, group.desc, group.members, rec.p2p_seq, rec.op, (peer,),
+                   (rec.rank,), text)
 
 
 def _shape(rec: Record) -> str:

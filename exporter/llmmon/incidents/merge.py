@@ -172,14 +172,8 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
     """The ranks the nodes blame.  Nodes that saw the culprit themselves outvote nodes that
     only see their ranks wait on a remote peer; among those, the ranks the Flight Recorder
     also names win, then the most nodes."""
-    claims = []
-    for incident in incidents:
-        c = incident.summary.get("culprit")
-        if isinstance(c, dict) and _ints(c.get("ranks")):
-            claims.append(_Claim(incident.node, tuple(sorted(_ints(c.get("ranks")))),
-                                 _text(c.get("cause")), _text(c.get("text"))))
-    seen = [c for c in claims if c.cause not in ("remote", "")]
-    pool = seen or claims
+    claims = _claims(incidents)
+    pool = [c for c in claims if c.cause not in ("remote", "")] or claims
     if not pool:
         if fr.culprits:
             return Culprit(fr.culprits, "flight_recorder",
@@ -191,8 +185,27 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
         by_ranks.setdefault(claim.ranks, []).append(claim)
     chosen = max(by_ranks, key=lambda r: (bool(set(r) & set(fr.culprits)), len(by_ranks[r]),
                                           [-x for x in r]))
+    first = by_ranks[chosen][0]
+    return Culprit(chosen, first.cause, first.text,
+                   tuple(c.node for c in claims if c.ranks == chosen), len(by_ranks) == 1,
+                   tuple(_notes(incidents, fr, claims, pool, chosen)))
+
+
+def _claims(incidents: list[NodeIncident]) -> list[_Claim]:
+    claims = []
+    for incident in incidents:
+        c = incident.summary.get("culprit")
+        if isinstance(c, dict) and _ints(c.get("ranks")):
+            claims.append(_Claim(incident.node, tuple(sorted(_ints(c.get("ranks")))),
+                                 _text(c.get("cause")), _text(c.get("text"))))
+    return claims
+
+
+def _notes(incidents: list[NodeIncident], fr: frtrace.Analysis, claims: list[_Claim],
+           pool: list[_Claim], chosen: tuple[int, ...]) -> list[str]:
+    """What a reader must know beside the chosen ranks: who disagrees, and why unsure."""
     notes = []
-    if len(by_ranks) > 1:
+    if len({c.ranks for c in pool}) > 1:
         notes.append("nodes disagree: " + "; ".join(
             f"{c.node} names {_ranks(c.ranks)} ({c.cause or 'no cause'})" for c in pool))
     notes += [f"{c.node} sees its ranks wait for remote {_ranks(c.ranks)}" for c in claims
@@ -202,10 +215,7 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
     held = {r for i in incidents for r in _ints(i.summary.get("local_ranks"))}
     if not set(chosen) & held:
         notes.append(f"no node that answered holds {_ranks(chosen)}")
-    first = by_ranks[chosen][0]
-    return Culprit(chosen, first.cause, first.text,
-                   tuple(c.node for c in claims if c.ranks == chosen), len(by_ranks) == 1,
-                   tuple(notes))
+    return notes
 
 
 # Timeline, stacks, dumps ---------------------------------------------------------------------
@@ -309,35 +319,58 @@ def render(report: Report) -> str:
     nodes = ", ".join(v.node for v in report.nodes) or "none"
     lines = [f"job {report.job_id}: incidents from {len(report.nodes)} node(s): {nodes}"]
     lines += [f"  missing: {m.node}: {m.reason}" for m in report.missing]
-    c = report.culprit
-    lines += ["", "culprit: " + (f"{_ranks(c.ranks)} ({c.cause or 'no cause'}), named by "
-                                 f"{', '.join(c.named_by) or 'no node'}" if c.ranks else c.text)]
-    if c.ranks and c.text:
-        lines.append(f"  {c.text}")
-    lines += [f"  {note}" for note in c.notes]
-    if report.fr.ranks:
-        lines += ["", f"Flight Recorder ({_ranks(report.fr.ranks)}):"]
-        lines += [f"  {line}" for line in report.fr.lines()] or \
-            ["  every collective matched on every rank whose dump was read"]
-    if report.outliers:
-        lines += ["", "counters that stand out during the stall:"]
-        lines += [f"  {o.text}" for o in report.outliers]
-    if report.stacks:
-        lines += ["", "stacks (identical frames grouped):"]
-        for group in report.stacks:
-            lines.append(f"  {_ranks(group.ranks)} on {', '.join(group.nodes)}: {group.where}")
-            lines += [f"      {frame}" for frame in group.frames[:8]]
-    if report.timeline:
-        day = time.strftime("%Y-%m-%d", time.gmtime(report.timeline[0].at))
-        lines += ["", f"timeline (UTC, {day}):"]
-        lines += [f"  {_clock(e.at)}  {e.node}: {e.what}" for e in report.timeline]
-    lines += ["", "nodes:"]
-    for v in report.nodes:
-        ranks = f"{_ranks(v.local_ranks)}" if v.local_ranks else "no ranks"
-        lines.append(f"  {v.node} ({v.source}): incident {v.incident}, {v.trigger}, {ranks}")
-        if v.verdict:
-            lines.append(f"    {v.verdict}")
-        lines += [f"    left out: {x}" for x in v.left_out] + [f"    error: {x}" for x in v.errors]
+    for section in (_culprit_lines, _fr_lines, _outlier_lines, _stack_lines, _timeline_lines,
+                    _node_lines):
+        part = section(report)
+        lines += [""] + part if part else []
     if report.errors:
         lines += ["", "errors:"] + [f"  {e}" for e in report.errors]
     return "\n".join(lines) + "\n"
+
+
+def _culprit_lines(report: Report) -> list[str]:
+    c = report.culprit
+    if not c.ranks:
+        return [f"culprit: {c.text}"] + [f"  {note}" for note in c.notes]
+    lines = [f"culprit: {_ranks(c.ranks)} ({c.cause or 'no cause'}), named by "
+             f"{', '.join(c.named_by) or 'no node'}"]
+    return lines + ([f"  {c.text}"] if c.text else []) + [f"  {note}" for note in c.notes]
+
+
+def _fr_lines(report: Report) -> list[str]:
+    if not report.fr.ranks:
+        return []
+    found = [f"  {line}" for line in report.fr.lines()]
+    return [f"Flight Recorder ({_ranks(report.fr.ranks)}):"] + (
+        found or ["  every collective matched on every rank whose dump was read"])
+
+
+def _outlier_lines(report: Report) -> list[str]:
+    found = [f"  {o.text}" for o in report.outliers]
+    return ["counters that stand out during the stall:"] + found if found else []
+
+
+def _stack_lines(report: Report) -> list[str]:
+    lines = []
+    for group in report.stacks:
+        lines.append(f"  {_ranks(group.ranks)} on {', '.join(group.nodes)}: {group.where}")
+        lines += [f"      {frame}" for frame in group.frames[:8]]
+    return ["stacks (identical frames grouped):"] + lines if lines else []
+
+
+def _timeline_lines(report: Report) -> list[str]:
+    if not report.timeline:
+        return []
+    day = time.strftime("%Y-%m-%d", time.gmtime(report.timeline[0].at))
+    return [f"timeline (UTC, {day}):"] + [f"  {_clock(e.at)}  {e.node}: {e.what}"
+                                          for e in report.timeline]
+
+
+def _node_lines(report: Report) -> list[str]:
+    lines = ["nodes:"]
+    for v in report.nodes:
+        ranks = _ranks(v.local_ranks) if v.local_ranks else "no ranks"
+        lines.append(f"  {v.node} ({v.source}): incident {v.incident}, {v.trigger}, {ranks}")
+        lines += [f"    {v.verdict}"] if v.verdict else []
+        lines += [f"    left out: {x}" for x in v.left_out] + [f"    error: {x}" for x in v.errors]
+    return lines
