@@ -18,6 +18,12 @@ H200 = Path(__file__).parents[2] / ".." / "shared" / "fixtures" / "h200" / \
     "nccl_flight_recorder.json"
 
 
+MESH_LINES = [
+    "rank 2 never entered all_gather #11 of group mesh_dp (ranks 0,2); rank 0 waits in it",
+    "rank 3 never entered all_gather #11 of group mesh_dp (ranks 1,3); rank 1 waits in it",
+    "rank 3 never entered all_reduce #6 of group mesh_tp (ranks 2-3); rank 2 waits in it"]
+
+
 def mesh_dumps(ranks: range = range(4)) -> list[frtrace.Dump]:
     return [frtrace.parse(r, frtrace.load((MESH / f"rank_{r}.json").read_bytes()))
             for r in ranks]
@@ -29,10 +35,7 @@ def test_the_real_mesh_dumps_name_rank_3_and_every_wait_on_it() -> None:
     by_id = {(d.rank, r.pg_id): r.group for d in dumps for r in _raw(d.rank)}
     assert by_id[(0, 1)] != by_id[(1, 1)] and by_id[(0, 1)] == "1"
     analysis = frtrace.analyse(dumps)
-    assert analysis.lines() == [
-        "rank 2 never entered all_gather #11 of group mesh_dp (ranks 0,2); rank 0 waits in it",
-        "rank 3 never entered all_gather #11 of group mesh_dp (ranks 1,3); rank 1 waits in it",
-        "rank 3 never entered all_reduce #6 of group mesh_tp (ranks 2-3); rank 2 waits in it"]
+    assert analysis.lines() == MESH_LINES
     assert analysis.culprits == (3,)
     assert [(g.name, g.desc, g.members) for g in analysis.groups] == [
         ("1", "mesh_dp", (0, 2)), ("2", "mesh_dp", (1, 3)), ("3", "mesh_tp", (0, 1)),
@@ -102,7 +105,7 @@ def test_a_pickle_with_a_global_is_refused_and_runs_nothing() -> None:
     (b"\x80\x02}q\x00(", "not a Flight Recorder dump"),  # a pickle cut short
     (b"{not json", "not a Flight Recorder dump"),
     (b"[" * 100_000 + b"]" * 100_000, "not a Flight Recorder dump"),
-])
+], ids=["huge", "a-list", "a-cut-pickle", "not-json", "too-deep"])
 def test_a_dump_that_is_not_one_is_refused(data: bytes, why: str) -> None:
     with pytest.raises(frtrace.DumpError, match=why):
         frtrace.load(data)
