@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import requests
 
 from llmmon.cli import main
 from llmmon.incidents import fetch, layout
@@ -93,7 +94,7 @@ def test_the_newest_incident_of_the_job_is_taken(tmp_path: Path) -> None:
                     id="20261207T130000Z-other-bbbbbb", completed=doc["completed"] + 120)
     write_incident(root, other, {})
     with NodeServer(root) as node:
-        got = fetch.fetch_node(fetch.requests.Session(), node.url, JOB, 5)
+        got = fetch.fetch_node(requests.Session(), node.url, JOB, 5)
     assert got.summary["culprit"]["text"] == "newer"
 
 
@@ -142,7 +143,7 @@ def test_a_hostile_node_gets_none_of_its_odd_names_fetched_nor_its_huge_file_kep
     (path / layout.SUMMARY).write_text(json.dumps(listed))
     monkeypatch.setattr(fetch, "MAX_FILE_BYTES", 4096)
     with NodeServer(root) as node:
-        got = fetch.fetch_node(fetch.requests.Session(), node.url, JOB, 5)
+        got = fetch.fetch_node(requests.Session(), node.url, JOB, 5)
         asked = list(node.requests)
     assert not any("etc" in p or "pickle" in p for p in asked), asked
     assert sorted(got.files) == ["network.json", "ranks.json", "stacks.json"]

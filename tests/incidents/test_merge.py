@@ -175,3 +175,15 @@ def test_a_hostile_summary_does_not_break_the_report() -> None:
     assert report.culprit.ranks == ()
     assert "http://x:1: fr/rank_0.json: not a Flight Recorder dump" in report.fr.errors[0]
     assert report.text()
+
+
+def test_two_nodes_that_give_the_same_name_are_told_apart() -> None:
+    a_doc, a_files = node_a()
+    b_doc, b_files = node_b()
+    b_doc["node"] = "node-a"
+    report = merge(JOB, [incident((a_doc, a_files), "http://10.0.0.1:9476"),
+                         incident((b_doc, b_files), "http://10.0.0.2:9476")])
+    assert [v.node for v in report.nodes] == ["node-a (http://10.0.0.1:9476)",
+                                              "node-a (http://10.0.0.2:9476)"]
+    assert report.fr.ranks == (0, 1, 2, 3)
+    assert report.culprit.named_by == ("node-a (http://10.0.0.2:9476)",)

@@ -113,8 +113,9 @@ def write(out: Path, result: Report, got: fetch.Fetched) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_JSON).write_text(json.dumps(result.json(), indent=1, ensure_ascii=False))
     (out / REPORT_TEXT).write_text(result.text())
+    names = {view.source: view.node for view in result.nodes}  # told apart where shared
     for incident in got.incidents:
-        node = out / layout.slug(incident.node)
+        node = out / layout.slug(names[incident.source])
         node.mkdir(exist_ok=True)
         (node / layout.SUMMARY).write_text(json.dumps(incident.summary, indent=1))
         for name, data in incident.files.items():

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 MAX_BYTES = 64 << 20  # an NCCL dump of 20,000 entries with stacks is ~10 MB
 MAX_ENTRIES = 100_000
 MAX_DIMS = 64  # tensors per entry kept for comparison
-UNPICKLE_PROTOCOLS = (b"\x80",)  # torch pickles with PROTO 2+; JSON never starts with it
+PICKLE = b"\x80"  # PROTO, the first opcode of torch's pickles (2+); JSON never starts with it
 # ops whose inputs may differ in shape between ranks and still match (uneven splits, roots)
 UNEVEN = frozenset({"all_to_all", "all_to_allv", "alltoall", "alltoall_base", "gather",
                     "scatter", "coalesced", "barrier"})
@@ -42,7 +42,7 @@ def load(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_BYTES:
         raise DumpError(f"{len(data)} bytes, over the {MAX_BYTES >> 20} MiB cap")
     try:
-        if data[:1] in UNPICKLE_PROTOCOLS:
+        if data[:1] == PICKLE:
             doc = _NoGlobals(io.BytesIO(data)).load()
         else:
             doc = json.loads(data)
@@ -54,7 +54,7 @@ def load(data: bytes) -> dict[str, Any]:
     return doc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """One entry of one rank's ring, reduced to what matching needs."""
 
@@ -198,10 +198,7 @@ class Analysis:
 
     def lines(self) -> list[str]:
         """One sentence per finding; errors after."""
-        return [f.text for f in self.findings] + self.errors_lines()
-
-    def errors_lines(self) -> list[str]:
-        return [f"dumps: {e}" for e in self.errors]
+        return [f.text for f in self.findings] + [f"dumps: {e}" for e in self.errors]
 
 
 def analyse(dumps: Iterable[Dump], hints: Mapping[str, Iterable[int]] | None = None,
@@ -235,9 +232,12 @@ def _groups(dumps: dict[int, Dump], hints: dict[str, tuple[int, ...]]
     out = []
     for (name, desc, members), records in sorted(by_key.items(), key=lambda kv: (
             kv[0][0], kv[0][1], kv[0][2] or ())):
+        newest: dict[int, int] = {}
+        for r in records:
+            if not r.is_p2p and r.seq > newest.get(r.rank, -1):
+                newest[r.rank] = r.seq
         members = members or tuple(sorted({r.rank for r in records}))
-        last = {rank: max((r.seq for r in records if r.rank == rank and not r.is_p2p),
-                          default=-1) for rank in members if rank in dumps}
+        last = {rank: newest.get(rank, -1) for rank in members if rank in dumps}
         out.append((Group(name, desc, members, last), records))
     return out
 
