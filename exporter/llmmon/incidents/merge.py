@@ -338,7 +338,8 @@ def render(report: Report) -> str:
     """The report as plain text, most telling first."""
     nodes = ", ".join(v.node for v in report.nodes) or "none"
     lines = [f"job {report.job_id}: incidents from {len(report.nodes)} node(s): {nodes}"]
-    lines += [f"  missing: {m.node}: {m.reason}" for m in report.missing]
+    lines += [f"  missing: {m.reason if m.node in m.reason else f'{m.node}: {m.reason}'}"
+              for m in report.missing]
     for section in (_culprit_lines, _fr_lines, _outlier_lines, _stack_lines, _timeline_lines,
                     _node_lines):
         part = section(report)
