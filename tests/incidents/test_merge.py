@@ -9,7 +9,7 @@ import pytest
 from llmmon.incidents import layout
 from llmmon.incidents.merge import Missing, NodeIncident, merge
 from llmmon.incidents.outliers import node_deltas, outliers
-from tests.incidents.nodes import JOB, T0, network, node_a, node_b, stack, summary
+from tests.incidents.nodes import JOB, T0, network, node_a, node_b, summary
 
 
 def incident(made: tuple[dict, dict[str, bytes]], source: str = "") -> NodeIncident:

@@ -251,12 +251,12 @@ def _collectives(group: Group, records: list[Record], loaded: set[int]) -> list[
             seqs.setdefault(record.seq, {})[record.rank] = record
     findings: list[Finding] = []
     hung = False
+    unread = tuple(r for r in group.members if r not in loaded)
     for seq in sorted(seqs):
         present = seqs[seq]
         findings += _desync(group, seq, present)
         missing = tuple(r for r in group.members if r in loaded and r not in present
                         and group.last.get(r, -1) < seq)
-        unread = tuple(r for r in group.members if r not in loaded)
         waiting = tuple(r for r, rec in sorted(present.items()) if not rec.done)
         if (missing or unread) and waiting and not hung:
             hung = True
