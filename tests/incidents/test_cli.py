@@ -149,3 +149,14 @@ def test_a_hostile_node_gets_none_of_its_odd_names_fetched_nor_its_huge_file_kep
     assert sorted(got.files) == ["network.json", "ranks.json", "stacks.json"]
     assert sum("not a file an incident holds" in e for e in got.errors) == 3
     assert sum("over 4096 bytes" in e for e in got.errors) == 2  # the two dumps
+
+
+def test_node_addresses() -> None:
+    assert fetch.node_url("node-a") == "http://node-a:9476"
+    assert fetch.node_url("node-a", "https", 9100) == "https://node-a:9100"
+    assert fetch.node_url("10.0.0.1:9000") == "http://10.0.0.1:9000"
+    assert fetch.node_url("[fd00::1]") == "http://[fd00::1]:9476"
+    assert fetch.node_url("http://node-a/") == "http://node-a"  # a URL is taken as written
+    for bad in ("ftp://x", "user@node-a:1", "node-a:1/?q", "http://", "node-a:x"):
+        with pytest.raises(fetch.BadURL):
+            fetch.node_url(bad)

@@ -38,6 +38,9 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--scheme", choices=("http", "https"), default="http",
                        help="Scheme of the daemons Prometheus names by host:port "
                        "(default: %(default)s).")
+    group.add_argument("--port", type=int, default=fetch.DEFAULT_PORT,
+                       help="Port of the daemons named by host alone, as an `instance` "
+                       "relabelled to the node's name is (default: %(default)s).")
     group.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                        help="Per request to a daemon or Prometheus (default: %(default)s).")
     group.add_argument("--out", type=Path, metavar="DIR",
@@ -67,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def nodes(args: argparse.Namespace, job_id: str) -> list[str]:
     """The daemons' base URLs: Prometheus' for the job, then --node."""
     try:
-        named = [fetch.node_url(n, args.scheme) for n in args.node]
+        named = [fetch.node_url(n, args.scheme, args.port) for n in args.node]
     except fetch.BadURL as exc:
         raise IncidentError(f"--node {exc}") from None
     if not args.prometheus:
@@ -89,7 +92,7 @@ def nodes(args: argparse.Namespace, job_id: str) -> list[str]:
                             f"(no {fetch.RANK_INFO} nor {fetch.INCIDENT_INFO} series with "
                             f"job_id={job_id!r})")
     try:
-        return [fetch.node_url(i, args.scheme) for i in found] + named
+        return [fetch.node_url(i, args.scheme, args.port) for i in found] + named
     except fetch.BadURL as exc:
         raise IncidentError(f"Prometheus names a node {exc}") from None
 

@@ -26,6 +26,7 @@ MAX_FILE_BYTES = 64 << 20  # the writer's cap on a whole incident
 MAX_NODE_BYTES = 256 << 20
 MAX_LIST_BYTES = 16 << 20
 WORKERS = 16
+DEFAULT_PORT = 9476  # the daemon's --web.listen-address
 RANK_INFO = "llmmon_rank_info"
 INCIDENT_INFO = "llmmon_job_incident_info"
 
@@ -38,17 +39,20 @@ class BadURL(ValueError):
     """An address that is not an http(s) URL of a host."""
 
 
-def node_url(address: str, scheme: str = "http") -> str:
-    """`host:port` (Prometheus' `instance`) or a URL, as the base URL of a daemon."""
+def node_url(address: str, scheme: str = "http", port: int = DEFAULT_PORT) -> str:
+    """`host:port` or `host` (Prometheus' `instance`: the shipped Kubernetes scrape job sets it
+    to the node's name) or a URL, as the base URL of a daemon; `port` where `host` has none."""
     url = address if "://" in address else f"{scheme}://{address}"
     parts = urllib.parse.urlsplit(url)
     try:
-        _ = parts.port  # raises on a port that is not a number
+        has_port = parts.port is not None  # raises on a port that is not a number
     except ValueError:
         raise BadURL(f"{address!r}: not a port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
             or parts.fragment or parts.username:
         raise BadURL(f"{address!r}: not an http(s) address of a daemon (host:port or URL)")
+    if "://" not in address and not has_port:
+        url = f"{scheme}://{parts.netloc}:{port}{parts.path}"
     return url.rstrip("/")
 
 
