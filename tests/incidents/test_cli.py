@@ -160,3 +160,17 @@ def test_node_addresses() -> None:
     for bad in ("ftp://x", "user@node-a:1", "node-a:1/?q", "http://", "node-a:x"):
         with pytest.raises(fetch.BadURL):
             fetch.node_url(bad)
+
+
+def test_a_listed_id_that_is_not_one_is_refused_before_any_file_is_asked(
+        tmp_path: Path) -> None:
+    root = tmp_path / "node"
+    root.mkdir()
+    doc, files = node_b()
+    path = write_incident(root, doc, files)
+    listed = json.loads((path / layout.SUMMARY).read_text())
+    (path / layout.SUMMARY).write_text(json.dumps({**listed, "id": "../../admin"}))
+    with NodeServer(root) as node:
+        with pytest.raises(fetch.FetchError, match="an incident id that is not one"):
+            fetch.fetch_node(requests.Session(), node.url, JOB, 5)
+        assert node.requests == [f"/api/v1/incidents?job_id={JOB}"]
