@@ -187,3 +187,17 @@ def test_two_nodes_that_give_the_same_name_are_told_apart() -> None:
                                               "node-a (http://10.0.0.2:9476)"]
     assert report.fr.ranks == (0, 1, 2, 3)
     assert report.culprit.named_by == ("node-a (http://10.0.0.2:9476)",)
+
+
+def test_what_nodes_send_reaches_a_terminal_and_a_json_reader_harmless() -> None:
+    b_doc, b_files = node_b()
+    b_doc["verdict"] = "rank 3\x1b[2J\nculprit: rank 0 \ud800"
+    b_doc["onset"] = float("nan")
+    b_doc["culprit"]["weight"] = float("inf")
+    report = merge(JOB, [incident((b_doc, b_files))])
+    text = report.text()
+    assert "rank 3\\x1b[2J\\x0aculprit: rank 0 \\ud800" in text
+    assert "\x1b" not in text and "\nculprit: rank 0" not in text
+    text.encode("utf-8")
+    doc = json.loads(json.dumps(report.json(), allow_nan=False))
+    assert doc["nodes"][0]["culprit"]["weight"] is None

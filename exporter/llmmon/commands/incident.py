@@ -19,6 +19,7 @@ from llmmon.diagnose.prometheus import PrometheusView, add_client_arguments, cli
 from llmmon.diagnose.view import QueryError
 from llmmon.incidents import fetch, layout
 from llmmon.incidents.merge import Report, merge
+from llmmon.textsafe import json_ready
 
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.txt"
@@ -120,7 +121,7 @@ def write(out: Path, result: Report, got: fetch.Fetched) -> None:
     for incident in got.incidents:
         node = out / layout.slug(names[incident.source])
         node.mkdir(exist_ok=True)
-        (node / layout.SUMMARY).write_text(json.dumps(incident.summary, indent=1))
+        (node / layout.SUMMARY).write_text(json.dumps(json_ready(incident.summary), indent=1))
         for name, data in incident.files.items():
             if layout.allowed(name):
                 path = node / name

@@ -20,10 +20,12 @@ from typing import Any, Iterable, Mapping
 
 from llmmon.incidents import frtrace, layout
 from llmmon.incidents.outliers import Outlier, node_deltas, outliers
+from llmmon.textsafe import json_ready, printable
 
 MAX_JSON_BYTES = 64 << 20
 SPANS = re.compile(r"(\d+)(?:-(\d+))?")
 FR_RANK = re.compile(r"^fr/rank_(\d{1,7})(\.json)?$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,10 @@ class Report:
     errors: tuple[str, ...]
 
     def json(self) -> dict[str, Any]:
+        """Strict JSON whatever the nodes sent (no NaN, no lone surrogate)."""
         doc = asdict(self)
         doc["fr"] = self.fr.json()
-        return doc
+        return json_ready(doc)
 
     def text(self) -> str:
         return render(self)
@@ -346,7 +349,13 @@ def render(report: Report) -> str:
         lines += [""] + part if part else []
     if report.errors:
         lines += ["", "errors:"] + [f"  {e}" for e in report.errors]
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(_terminal_safe, lines)) + "\n"
+
+
+def _terminal_safe(line: str) -> str:
+    """A line of text from other machines as it may reach a terminal: control characters
+    (escape sequences, a newline that fakes a line of the report) shown, never acted on."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", printable(line))
 
 
 def _culprit_lines(report: Report) -> list[str]:
