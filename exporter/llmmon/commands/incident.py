@@ -18,7 +18,7 @@ from llmmon.diagnose.command import no_daemon, prometheus_session
 from llmmon.diagnose.prometheus import PrometheusView, add_client_arguments, client_session
 from llmmon.diagnose.view import QueryError
 from llmmon.incidents import fetch, layout
-from llmmon.incidents.merge import Report, merge
+from llmmon.incidents.merge import Report, merge, terminal_safe
 from llmmon.textsafe import json_ready
 
 REPORT_JSON = "report.json"
@@ -135,8 +135,9 @@ def emit(args: argparse.Namespace, job_id: str, command: str) -> bool:
         result, got = report(args, job_id)
         if args.out:
             write(args.out, result, got)
-    except IncidentError as exc:
-        print(f"llmmon {command}: {exc}", file=sys.stderr)
+    except IncidentError as exc:  # it quotes what nodes answered: shown, never acted on
+        print(f"llmmon {command}: " + "\n".join(map(terminal_safe, str(exc).split("\n"))),
+              file=sys.stderr)
         return False
     except OSError as exc:
         print(f"llmmon {command}: --out: {exc.filename}: {exc.strerror}", file=sys.stderr)

@@ -349,10 +349,10 @@ def render(report: Report) -> str:
         lines += [""] + part if part else []
     if report.errors:
         lines += ["", "errors:"] + [f"  {e}" for e in report.errors]
-    return "\n".join(map(_terminal_safe, lines)) + "\n"
+    return "\n".join(map(terminal_safe, lines)) + "\n"
 
 
-def _terminal_safe(line: str) -> str:
+def terminal_safe(line: str) -> str:
     """A line of text from other machines as it may reach a terminal: control characters
     (escape sequences, a newline that fakes a line of the report) shown, never acted on."""
     return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", printable(line))
