@@ -152,14 +152,14 @@ def test_a_hostile_node_gets_none_of_its_odd_names_fetched_nor_its_huge_file_kep
 
 
 def test_node_addresses() -> None:
-    assert fetch.node_url("node-a") == "http://node-a:9476"
-    assert fetch.node_url("node-a", "https", 9100) == "https://node-a:9100"
-    assert fetch.node_url("10.0.0.1:9000") == "http://10.0.0.1:9000"
-    assert fetch.node_url("[fd00::1]") == "http://[fd00::1]:9476"
-    assert fetch.node_url("http://node-a/") == "http://node-a"  # a URL is taken as written
+    assert fetch.base_url("node-a") == "http://node-a:9476"
+    assert fetch.base_url("node-a", "https", 9100) == "https://node-a:9100"
+    assert fetch.base_url("10.0.0.1:9000") == "http://10.0.0.1:9000"
+    assert fetch.base_url("[fd00::1]") == "http://[fd00::1]:9476"
+    assert fetch.base_url("http://node-a/") == "http://node-a"  # a URL is taken as written
     for bad in ("ftp://x", "user@node-a:1", "node-a:1/?q", "http://", "node-a:x"):
         with pytest.raises(fetch.BadURL):
-            fetch.node_url(bad)
+            fetch.base_url(bad)
 
 
 def test_a_listed_id_that_is_not_one_is_refused_before_any_file_is_asked(

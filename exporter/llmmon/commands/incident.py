@@ -23,6 +23,7 @@ from llmmon.textsafe import json_ready
 
 REPORT_JSON = "report.json"
 REPORT_TEXT = "report.txt"
+PROMETHEUS_PORT = 9090  # where --prometheus names a host alone
 
 
 class IncidentError(Exception):
@@ -61,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "Exit status: 0 with a report, 2 without one. See docs/incidents.md.")
     parser.add_argument("job", metavar="JOB", help="The job id (as in llmmon_rank_info).")
     parser.add_argument("--prometheus", metavar="URL",
-                        help="Find the job's nodes from this Prometheus server.")
+                        help="Find the job's nodes from this Prometheus server (a URL, or "
+                        "host[:port], port 9090 if none).")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     add_client_arguments(parser, "prometheus", "Prometheus")
     add_node_arguments(parser)
@@ -71,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def nodes(args: argparse.Namespace, job_id: str) -> list[str]:
     """The daemons' base URLs: Prometheus' for the job, then --node."""
     try:
-        named = [fetch.node_url(n, args.scheme, args.port) for n in args.node]
+        named = [fetch.base_url(n, args.scheme, args.port) for n in args.node]
     except fetch.BadURL as exc:
         raise IncidentError(f"--node {exc}") from None
     if not args.prometheus:
@@ -80,9 +82,8 @@ def nodes(args: argparse.Namespace, job_id: str) -> list[str]:
                                 "--prometheus URL")
         return named
     try:
-        fetch.node_url(args.prometheus)
-        view = PrometheusView(args.prometheus, timeout=args.timeout,
-                              session=prometheus_session(args))
+        view = PrometheusView(fetch.base_url(args.prometheus, port=PROMETHEUS_PORT),
+                              timeout=args.timeout, session=prometheus_session(args))
         found = fetch.discover(lambda expr: [s.labels for s in view.query(expr)], job_id)
     except fetch.BadURL as exc:
         raise IncidentError(f"--prometheus {exc}") from None
@@ -93,7 +94,7 @@ def nodes(args: argparse.Namespace, job_id: str) -> list[str]:
                             f"(no {fetch.RANK_INFO} nor {fetch.INCIDENT_INFO} series with "
                             f"job_id={job_id!r})")
     try:
-        return [fetch.node_url(i, args.scheme, args.port) for i in found] + named
+        return [fetch.base_url(i, args.scheme, args.port) for i in found] + named
     except fetch.BadURL as exc:
         raise IncidentError(f"Prometheus names a node {exc}") from None
 

@@ -39,9 +39,9 @@ class BadURL(ValueError):
     """An address that is not an http(s) URL of a host."""
 
 
-def node_url(address: str, scheme: str = "http", port: int = DEFAULT_PORT) -> str:
+def base_url(address: str, scheme: str = "http", port: int = DEFAULT_PORT) -> str:
     """`host:port` or `host` (Prometheus' `instance`: the shipped Kubernetes scrape job sets it
-    to the node's name) or a URL, as the base URL of a daemon; `port` where `host` has none."""
+    to the node's name) or a URL, as a base URL; `port` where a bare `host` has none."""
     url = address if "://" in address else f"{scheme}://{address}"
     parts = urllib.parse.urlsplit(url)
     try:
@@ -50,7 +50,7 @@ def node_url(address: str, scheme: str = "http", port: int = DEFAULT_PORT) -> st
         raise BadURL(f"{address!r}: not a port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
             or parts.fragment or parts.username:
-        raise BadURL(f"{address!r}: not an http(s) address of a daemon (host:port or URL)")
+        raise BadURL(f"{address!r}: not an http(s) address (host:port or URL)")
     if "://" not in address and not has_port:
         url = f"{scheme}://{parts.netloc}:{port}{parts.path}"
     return url.rstrip("/")
@@ -83,7 +83,7 @@ class Fetched:
 def fetch(session: requests.Session, nodes: Iterable[str], job_id: str, timeout: float,
           unreachable: Callable[[str, BaseException], str] = lambda url, exc: f"{url}: {exc}"
           ) -> Fetched:
-    """Every node's newest incident of `job_id`; `nodes` are base URLs (`node_url`)."""
+    """Every node's newest incident of `job_id`; `nodes` are base URLs (`base_url`)."""
     nodes = list(dict.fromkeys(nodes))
 
     def one(base: str) -> NodeIncident | Missing:

@@ -161,14 +161,16 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
 def _view(incident: NodeIncident) -> NodeView:
     s = incident.summary
     culprit = s.get("culprit") if isinstance(s.get("culprit"), dict) else {}
-    strings = (lambda key: tuple(v for v in s.get(key) or () if isinstance(v, str))
-               if isinstance(s.get(key), list) else ())
     return NodeView(incident.node, incident.source, _text(s.get("id")), _text(s.get("trigger")),
                     _ints(s.get("local_ranks")), _text(s.get("verdict")), culprit,
-                    strings("left_out"), strings("errors") + incident.errors)
+                    _strings(s.get("left_out")), _strings(s.get("errors")) + incident.errors)
 
 
 # The culprit ---------------------------------------------------------------------------------
