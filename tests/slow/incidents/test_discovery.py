@@ -5,7 +5,6 @@ llmmon_job_incident_info, once its ranks are gone), and no other."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -22,10 +21,12 @@ INCIDENT_INFO = ('# TYPE llmmon_job_incident_info gauge\n'
                  'llmmon_job_incident_info{job_id="{job}",incident="{id}"} 1\n')
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[str, NodeServer, NodeServer, NodeServer]]:
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[str, NodeServer, NodeServer, NodeServer]]:
     """Prometheus scraping node a (the job's ranks), node b (the job's incident only) and a
     node of another job that holds an incident of this job's name it must never be asked for."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     binary = stack.find_binary("prometheus")
     assert binary, "prometheus is not installed: scripts/install.sh --test"
     servers = []
