@@ -106,11 +106,11 @@ def test_scenario_pages_its_alerts_and_nothing_else(e2e: Stack, case: Case) -> N
     if case.name == "healthy":
         tickets = {a.labels["alertname"] for a in about if a.receiver == "tickets"}
         assert tickets <= WARMUP_TICKETS, f"healthy ticketed {tickets}"
-        base_url = next(n["url"] for n in e2e.daemons() if n["node"] == node)
+        node_url = next(n["url"] for n in e2e.daemons() if n["node"] == node)
         # The healthy job's MFU is 0.42 (the threshold 0.3). Between two scrapes 30 s apart
         # lie ~16 steps of 1.9 s, of which a loaded machine's lag (the simulator's tick, the
         # ranks collector's interval) can hide ~2: 0.35 at worst (10 s apart read 0.24).
-        assert diagnose(url=base_url, scrape=True, interval=30.0)["suspects"] == []
+        assert diagnose(url=node_url, scrape=True, interval=30.0)["suspects"] == []
     else:
         cause = (case.pages + case.tickets)[0]
         wait_for(lambda: _diagnosed(e2e, case, cause), deadline - time.monotonic(),
