@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from llmmon.commands import incident
 from llmmon.ranks import dumps, stall
 from llmmon.diagnose import command as tree
 from llmmon.ranks.ingest import SpoolIngest
@@ -159,6 +160,10 @@ def render(findings: list[Finding]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.incident:  # an incident is critical: 1 with its report, 2 without one
+        if not args.prometheus and not args.node:
+            args.node = [args.url]
+        return 1 if incident.emit(args, args.incident, "diagnose") else 2
     selected = [b for b in BRANCHES if getattr(args, f"branch_{b.name}")]
     if not selected:
         return tree.run(args)
@@ -189,6 +194,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--json", action="store_true",
                         help="Print the report (with --ranks: the findings) as JSON.")
     tree.add_arguments(parser)
+    parser.add_argument("--incident", metavar="JOB",
+                        help="Instead of the tree: the report merged from the incidents the "
+                        "nodes of JOB kept (as `llmmon incident`): its nodes from --prometheus, "
+                        "--node, or else the daemon at --url.")
+    incident.add_node_arguments(parser)
     for branch in BRANCHES:
         parser.add_argument(f"--{branch.name}", dest=f"branch_{branch.name}",
                             action="store_true", help=branch.help)

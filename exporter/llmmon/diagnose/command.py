@@ -19,7 +19,7 @@ import requests
 from llmmon.diagnose import render
 from llmmon.diagnose.branches import TREE
 from llmmon.diagnose.model import worst
-from llmmon.diagnose.prometheus import PrometheusView
+from llmmon.diagnose.prometheus import PrometheusView, add_client_arguments, client_session
 from llmmon.diagnose.service import PATH
 from llmmon.diagnose.thresholds import Thresholds, ThresholdsError
 from llmmon.diagnose.tree import evaluate
@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for spec in TREE:
         group.add_argument(f"--{spec.id}", dest=f"tree_{spec.id}", action="store_true",
                            help=f"Only this branch of the tree: {spec.question}")
+    add_client_arguments(parser, "prometheus", "Prometheus")
 
 
 def no_daemon(base_url: str, exc: BaseException) -> str:
@@ -63,6 +64,14 @@ def no_daemon(base_url: str, exc: BaseException) -> str:
         todo.extend(e for e in (getattr(error, "reason", None), error.__cause__,
                                 error.__context__, *error.args) if isinstance(e, BaseException))
     return f"no llmmon daemon answers at {base_url}"
+
+
+def prometheus_session(args: argparse.Namespace) -> requests.Session:
+    """The HTTP session for --prometheus, with its TLS and basic-auth options."""
+    try:
+        return client_session(args, "prometheus")
+    except OSError as exc:
+        raise QueryError(f"--prometheus: {exc}") from None
 
 
 def _get(base_url: str, path: str) -> requests.Response:
@@ -95,7 +104,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         raise QueryError(str(exc)) from None
     branches = tuple(s for s in TREE if getattr(args, f"tree_{s.id}")) or TREE
     if args.prometheus:
-        return evaluate(PrometheusView(args.prometheus), thresholds, branches).as_json()
+        return evaluate(PrometheusView(args.prometheus, session=prometheus_session(args)),
+                        thresholds, branches).as_json()
     url = args.url.rstrip("/")
     if not args.scrape and not args.alerts_config:
         response = _get(url, PATH)

@@ -7,6 +7,7 @@ evidence shows.  Recording rules are read by name: the server must load alerts/r
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import requests
@@ -16,6 +17,48 @@ from llmmon.diagnose.view import Sample, QueryError
 
 class PrometheusError(QueryError):
     """The server could not be asked or refused the query; the message says which."""
+
+
+def add_client_arguments(parser: argparse.ArgumentParser, prefix: str, what: str) -> None:
+    """TLS and basic-auth options for the HTTP client of `what` (`--<prefix>.ca-file` ...).
+    Prometheus and the llmmon daemons (their --web.config.file) speak the same two."""
+    group = parser.add_argument_group(f"{what}: TLS and basic auth")
+    dest = prefix.replace("-", "_")
+    group.add_argument(f"--{prefix}.ca-file", dest=f"{dest}_ca_file", metavar="FILE",
+                       help=f"CA bundle (PEM) to verify {what} with (default: the system's).")
+    group.add_argument(f"--{prefix}.insecure-skip-verify", dest=f"{dest}_insecure",
+                       action="store_true", help=f"Do not verify the certificate of {what}.")
+    group.add_argument(f"--{prefix}.cert-file", dest=f"{dest}_cert_file", metavar="FILE",
+                       help=f"Client certificate (PEM) to present to {what}.")
+    group.add_argument(f"--{prefix}.key-file", dest=f"{dest}_key_file", metavar="FILE",
+                       help="Its private key (PEM).")
+    group.add_argument(f"--{prefix}.basic-auth-user", dest=f"{dest}_user", metavar="USER",
+                       help=f"Basic auth user for {what}.")
+    group.add_argument(f"--{prefix}.basic-auth-password-file", dest=f"{dest}_password_file",
+                       metavar="FILE", help="Its password, first line of FILE (never on the "
+                       "command line, where every user of the machine can read it).")
+
+
+def client_session(args: argparse.Namespace, prefix: str) -> requests.Session:
+    """A session with the options `add_client_arguments(prefix)` added; OSError when a file
+    it names cannot be read."""
+    dest = prefix.replace("-", "_")
+
+    def option(name: str) -> str | None:
+        return getattr(args, f"{dest}_{name}", None)
+
+    session = requests.Session()
+    session.verify = False if option("insecure") else option("ca_file") or True
+    if option("cert_file"):
+        session.cert = (option("cert_file"), option("key_file")) if option("key_file") \
+            else option("cert_file")
+    if option("user") is not None:
+        password = ""
+        if option("password_file"):
+            with open(option("password_file"), encoding="utf-8") as handle:
+                password = handle.readline().rstrip("\r\n")
+        session.auth = (option("user"), password)
+    return session
 
 
 class PrometheusView:
