@@ -14,7 +14,7 @@ from typing import Any
 
 from llmmon.incidents import layout
 
-ONSET = 1796000000.0  # 2026-11-29 18:13:20 UTC
+ONSET = 1796000000.0  # 2026-11-30 00:53:20 UTC
 JOB = "team-a.llama"
 VERDICT = ("job team-a.llama: rank 3 (world group 0 {0-3}) is in load_next_batch (data.py:41), "
            "sleeping, no CPU for 35 s; ranks 0–2 wait in world all_reduce #42 (group 0) for "
@@ -166,8 +166,9 @@ def write_incident(root: Path, job_id: str = JOB, onset: float = ONSET, suffix: 
         (tmp / name).write_bytes(data)
         sizes[name] = len(data)
     if isinstance(summary, dict):
-        summary.setdefault("files", {}).update(sizes)
-        summary["bytes"] = sum(sizes.values())
+        if isinstance(summary.get("files"), dict):  # a test may put garbage there
+            summary["files"].update(sizes)
+            summary["bytes"] = sum(sizes.values())
         summary = json.dumps(summary)
     (tmp / layout.SUMMARY).write_bytes(summary if isinstance(summary, bytes) else summary.encode())
     os.rename(tmp, root / incident)
