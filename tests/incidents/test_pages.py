@@ -8,8 +8,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from llmmon.collector import RouteError
-from llmmon.incidents.html import Incident, incident_page, list_page
+from llmmon.incidents import incidentpage
+from llmmon.incidents.html import list_page
+from llmmon.incidents.incidentpage import Incident, incident_page
 from llmmon.incidents.status import Answer, NodeStatus, status_page
 from llmmon.incidents.store import Listing, Store
 from tests.incidents.fixtures import (JOB, ONSET, frame, ranks_document, stacks_document,
@@ -130,6 +134,16 @@ def test_a_bad_file_costs_its_own_section_only(tmp_path: Path) -> None:
     assert "caf\ufffd \ufffd" in seen  # undecodable bytes shown as replacement characters
     assert "Timeline could not be shown: OverflowError" in seen  # a time past any float
     assert "declared — " in seen and "no values" in seen
+
+
+def test_a_file_too_large_for_a_page_is_linked_not_parsed(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(incidentpage, "JSON_LIMIT", 1000)  # ranks.json has a few KiB
+    monkeypatch.setattr(incidentpage, "KMSG_TAIL", 80)  # the fixture's last line has 68 bytes
+    seen = " ".join(text_of(rendered(tmp_path)).split())
+    assert re.search(r"Ranks ranks.json has \d+ bytes, over 1000 Stacks", seen)
+    assert "Kernel log [812349.871002] nfs: server storage-1 not responding, still trying " \
+        "Files" in seen
 
 
 def test_the_list_links_each_incident_and_says_which_could_not_be_read(tmp_path: Path) -> None:

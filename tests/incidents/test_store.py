@@ -145,3 +145,12 @@ def test_a_bad_summary_is_said_and_hides_no_other_incident(tmp_path: Path, summa
     assert line.startswith(f"{bad}: ") and why in line
     with pytest.raises(Unreadable, match=why):
         store.summary(bad)
+
+
+def test_the_tail_of_a_file_starts_at_a_line(tmp_path: Path) -> None:
+    lines = b"".join(b"[%d.0] line %d\n" % (i, i) for i in range(1000))
+    incident = write_incident(tmp_path, files={"kmsg.txt": lines}).name
+    store = Store(str(tmp_path))
+    assert store.tail(incident, "kmsg.txt", 1 << 20) == lines
+    end = store.tail(incident, "kmsg.txt", 100)
+    assert end.startswith(b"[99") and lines.endswith(end) and 80 < len(end) <= 100

@@ -107,6 +107,15 @@ class Store:
         with self.open(incident_id, name, limit) as file:
             return file.read(limit)
 
+    def tail(self, incident_id: str, name: str, limit: int) -> bytes:
+        """The file's last `limit` bytes at most, from the start of a line when cut."""
+        with self.open(incident_id, name) as file:
+            size = os.fstat(file.fileno()).st_size
+            if size <= limit:
+                return file.read(limit)
+            file.seek(size - limit)
+            return file.read(limit).partition(b"\n")[2]
+
     def open(self, incident_id: str, name: str, limit: int = FILE_LIMIT) -> IO[bytes]:
         """The file opened for reading (the caller closes it), a regular file of ours no larger
         than `limit`."""

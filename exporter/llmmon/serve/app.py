@@ -18,7 +18,8 @@ from fastapi.responses import StreamingResponse
 
 from llmmon import __version__
 from llmmon.collector import RouteError
-from llmmon.incidents.html import Incident, error_page, incident_page, list_page
+from llmmon.incidents.html import error_page, list_page
+from llmmon.incidents.incidentpage import Incident, incident_page
 from llmmon.incidents.status import Answer, NodeStatus, status_page
 from llmmon.incidents.store import IncidentError, Store, UnknownIncident
 from llmmon.serve.routes import Routes
