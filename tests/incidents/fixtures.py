@@ -110,7 +110,8 @@ def fr_document(rank: int) -> dict[str, Any]:
     last = 41 if rank == 3 else 42
     entries = [{"record_id": seq, "pg_id": 0, "process_group": ["0", "default_pg"],
                 "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
-                "profiling_name": "nccl:all_reduce", "time_created_ns": int((ONSET - 42 + seq) * 1e9),
+                "profiling_name": "nccl:all_reduce",
+                "time_created_ns": int((ONSET - 42 + seq) * 1e9),
                 "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
                 "output_dtypes": ["Float"], "state": "completed" if seq < 42 else "started",
                 "frames": [], "is_p2p": False, "retired": seq < 41, "timeout_ms": 600000}

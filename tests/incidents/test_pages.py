@@ -43,7 +43,8 @@ def test_the_page_says_who_when_and_where(tmp_path: Path) -> None:
     # Stacks: the culprit's group first and marked, then ranks 0-2 once.
     culprit = seen.index("rank 3 — culprit in load_next_batch (data.py:41)")
     waiting = seen.index("ranks 0–2 in all_reduce #42")
-    assert culprit < waiting and seen.count("all_reduce (torch/distributed/distributed_c10d.py:2440)") == 1
+    assert culprit < waiting
+    assert seen.count("all_reduce (torch/distributed/distributed_c10d.py:2440)") == 1
     assert "<div class='group culprit'><h3>rank 3 — culprit" in page
     # The ranks table marks the culprit's row.
     assert re.search(r"<tr class='hl'><td>3</td><td>llama-worker-3</td><td>S \(sleeping\)</td>"

@@ -23,6 +23,13 @@ class Change:
     score: float
 
 
+def _change(cells: list[str], pair: Any, spans: tuple[float, float] | None,
+            counter: bool) -> Change:
+    pair = as_dict(pair)
+    before, during = pair.get("before"), pair.get("during")
+    return Change(cells, before, during, _score(before, during, spans, counter))
+
+
 def _score(before: Any, during: Any, spans: tuple[float, float] | None, counter: bool) -> float:
     """How much it changed: relative, per second for counters over spans of different length."""
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, during)):
@@ -67,36 +74,28 @@ def gpus(value: Any) -> str:
     """gpus.json: XID errors, the GPUs, and their values before and during."""
     document = as_dict(value)
     spans = _spans(document)
-    changes, xids = [], []
+    found, xids, names = [], [], []
     for gpu in map(as_dict, as_list(document.get("gpus"))):
-        label = esc(gpu.get("gpu", "?"))
-        for metric, pair in sorted(as_dict(gpu.get("values")).items()):
-            pair = as_dict(pair)
-            changes.append(Change([f"GPU {label}", esc(metric)], pair.get("before"), pair.get("during"),
-                                  _score(pair.get("before"), pair.get("during"), spans,
-                                         metric.endswith("_total"))))
-        for xid in map(as_dict, as_list(gpu.get("xids"))):
-            xids.append(f"GPU {label} ({esc(gpu.get('uuid', ''))}): XID {esc(xid.get('xid'))}"
-                        f" ×{esc(xid.get('count'))}")
-    names = "".join(f"<li>GPU {esc(g.get('gpu', '?'))}: {esc(g.get('name', ''))} "
-                    f"{esc(g.get('uuid', ''))}</li>" for g in map(as_dict, as_list(document.get("gpus"))))
+        label, uuid = esc(gpu.get("gpu", "?")), esc(gpu.get("uuid", ""))
+        names.append(f"<li>GPU {label}: {esc(gpu.get('name', ''))} {uuid}</li>")
+        found += [_change([f"GPU {label}", esc(metric)], pair, spans, metric.endswith("_total"))
+                  for metric, pair in sorted(as_dict(gpu.get("values")).items())]
+        xids += [f"GPU {label} ({uuid}): XID {esc(xid.get('xid'))} ×{esc(xid.get('count'))}"
+                 for xid in map(as_dict, as_list(gpu.get("xids")))]
     return ((f"<p class='bad'>{'<br>'.join(xids)}</p>" if xids else "<p>no XID error</p>")
-            + (f"<ul>{names}</ul>" if names else "")
-            + _changes_table(["gpu", "metric"], changes, spans))
+            + (f"<ul>{''.join(names)}</ul>" if names else "")
+            + _changes_table(["gpu", "metric"], found, spans))
 
 
 def network(value: Any) -> str:
     """network.json: each port's counters before and during."""
     document = as_dict(value)
     spans = _spans(document)
-    changes = []
+    found = []
     for port in map(as_dict, as_list(document.get("ports"))):
         where = " ".join(str(port.get(k) or "") for k in ("kind", "device", "port", "netdev"))
-        for metric, pair in sorted(as_dict(port.get("counters")).items()):
-            pair = as_dict(pair)
-            changes.append(Change([esc(where.strip()), esc(metric)], pair.get("before"),
-                                  pair.get("during"),
-                                  _score(pair.get("before"), pair.get("during"), spans, True)))
-    return _changes_table(["port", "counter"], changes, spans)
+        found += [_change([esc(where.strip()), esc(metric)], pair, spans, True)
+                  for metric, pair in sorted(as_dict(port.get("counters")).items())]
+    return _changes_table(["port", "counter"], found, spans)
 
 

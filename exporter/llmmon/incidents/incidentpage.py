@@ -114,7 +114,7 @@ def _culprit(incident: Incident) -> str:
     cause = culprit.get("cause", "")
     ranks = incident.culprits
     who = ranks_words(ranks) if ranks else "no rank"
-    words = CAUSES.get(cause, str(cause)) if isinstance(cause, str) else esc(cause)
+    words = CAUSES.get(cause, cause) if isinstance(cause, str) else str(cause)
     text = culprit.get("text") or ""
     groups = [f"{esc(g.get('pg_desc') or g.get('pg', '?'))}"
               + (f" ({esc(g['dimension'])})" if g.get("dimension") else "")
@@ -163,14 +163,18 @@ def _timeline(incident: Incident) -> str:
     timed = [e for e in events if isinstance(e.at, (int, float))]
     timed.sort(key=lambda e: e.at)
     onset = s["onset"] if isinstance(s.get("onset"), (int, float)) else None
-    rows = [[f"<span class='nowrap'>{utc(e.at)}</span>", "" if onset is None else f"{e.at - onset:+.1f} s", esc(e.what)]
-            for e in timed]
+    rows = [[f"<span class='nowrap'>{utc(e.at)}</span>",
+             "" if onset is None else f"{e.at - onset:+.1f} s", esc(e.what)] for e in timed]
     return table(["time", "from onset", "what"], rows)
 
 
 def _rank_key(item: tuple[str, Any]) -> tuple[int, str]:
     name = item[0]
-    return (int(name), "") if name.isdigit() else (1 << 30, name)
+    return (int(name), "") if _decimal(name) else (1 << 30, name)
+
+
+def _decimal(text: Any) -> bool:
+    return isinstance(text, str) and text.isascii() and text.isdigit()
 
 
 def _ranks(incident: Incident) -> str:
@@ -202,7 +206,7 @@ def stack_groups(incident: Incident) -> list[StackGroup]:
     """Ranks with the same frames, once each: stacks.json, else the stacks in ranks.json."""
     stacks: dict[int, tuple[list[Any], str]] = {}
     for key, entry in as_dict(as_dict(incident.stacks.value).get("ranks")).items():
-        if isinstance(key, str) and key.isdigit():
+        if _decimal(key):
             entry = as_dict(entry)
             stacks[int(key)] = (as_list(entry.get("frames")), str(entry.get("where") or ""))
     if not stacks:
@@ -258,7 +262,7 @@ def _files(incident: Incident) -> str:
     s = incident.summary
     items = []
     for name, size in sorted(as_dict(s.get("files")).items()):
-        shown = f"{esc(name)} <span class='muted'>({number(size)} bytes)</span>"
+        shown = f"{esc(name)} <span class='muted'>({_bytes(size)})</span>"
         items.append(f"<li><a href='{esc(file_url(incident.id, name))}'>{shown}</a></li>"
                      if layout.allowed(name) else f"<li>{shown}</li>")
     left_out = "".join(f"<li>{esc(line)}</li>" for line in as_list(s.get("left_out")))
@@ -266,8 +270,13 @@ def _files(incident: Incident) -> str:
     return (f"<ul>{''.join(items)}</ul>"
             + (f"<h3>Left out</h3><ul>{left_out}</ul>" if left_out else "")
             + (f"<h3>Could not be captured</h3><ul class='bad'>{errors}</ul>" if errors else "")
-            + f"<p class='muted'>{number(s.get('bytes'))} bytes in all; "
+            + f"<p class='muted'>{_bytes(s.get('bytes'))} in all; "
             f"<a href='/api/v1/incidents/{esc(incident.id)}'>summary.json</a></p>")
+
+
+def _bytes(size: Any) -> str:
+    exact = isinstance(size, int) and not isinstance(size, bool)
+    return f"{size:,} bytes" if exact else f"{esc(size)} bytes"
 
 
 def _across(job: Any) -> str:

@@ -8,6 +8,7 @@ families.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from fastapi import FastAPI, Request
@@ -233,7 +234,7 @@ def _mount_incidents(app: FastAPI, store: Store) -> None:
                 while block := file.read(CHUNK):
                     yield block
 
-        kind = FILE_TYPES.get(name[name.rfind("."):], "application/octet-stream")
+        kind = FILE_TYPES.get(os.path.splitext(name)[1], "application/octet-stream")
         return StreamingResponse(chunks(), media_type=kind,
                                  headers={"X-Content-Type-Options": "nosniff"})
 
