@@ -94,7 +94,7 @@ def test_files_are_read_capped_and_never_through_a_link(tmp_path: Path) -> None:
     directory = write_incident(tmp_path)
     store, incident = Store(str(tmp_path)), directory.name
     assert store.read(incident, "kmsg.txt", 1000).startswith(b"[812345.120001] nfs:")
-    assert store.json(incident, "fr/rank_3.json", 1 << 20)["pg_status"]["0"][
+    assert store.read_json(incident, "fr/rank_3.json", 1 << 20)["pg_status"]["0"][
         "last_enqueued_collective"] == 41
     with pytest.raises(TooLarge, match="over 10"):
         store.read(incident, "kmsg.txt", 10)
@@ -154,3 +154,11 @@ def test_the_tail_of_a_file_starts_at_a_line(tmp_path: Path) -> None:
     assert store.tail(incident, "kmsg.txt", 1 << 20) == lines
     end = store.tail(incident, "kmsg.txt", 100)
     assert end.startswith(b"[99") and lines.endswith(end) and 80 < len(end) <= 100
+
+
+def test_an_incident_being_removed_is_not_reported(tmp_path: Path) -> None:
+    kept = write_incident(tmp_path).name
+    going = write_incident(tmp_path, suffix="0000cc")
+    (going / "summary.json").unlink()  # removal has begun; the marker is still there
+    listing = Store(str(tmp_path)).listing()
+    assert [s["id"] for s in listing.incidents] == [kept] and listing.unreadable == []

@@ -50,7 +50,7 @@ class Part:
 def load(store: Store, incident_id: str, name: str) -> Part:
     """A JSON file of the incident, parsed, or why not."""
     try:
-        return Part(store.json(incident_id, name, JSON_LIMIT))
+        return Part(store.read_json(incident_id, name, JSON_LIMIT))
     except IncidentError as exc:
         return Part(problem=str(exc))
 

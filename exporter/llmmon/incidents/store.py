@@ -71,7 +71,8 @@ class Store:
             try:
                 summary = self.summary(incident_id)
             except IncidentError as exc:
-                if not isinstance(exc, UnknownIncident):  # not ours: not ours to mention
+                # Not ours, or being removed (no summary.json): not ours to mention.
+                if not isinstance(exc, LookupError):
                     unreadable.append(f"{incident_id}: {exc}")
                 continue
             if job_id is None or summary.get("job_id") == job_id:
@@ -85,14 +86,14 @@ class Store:
 
     def summary(self, incident_id: str) -> dict[str, Any]:
         """The incident's summary.json as a JSON object."""
-        document = self.json(incident_id, layout.SUMMARY, SUMMARY_LIMIT)
+        document = self.read_json(incident_id, layout.SUMMARY, SUMMARY_LIMIT)
         if not isinstance(document, dict):
             raise Unreadable(f"{layout.SUMMARY} is not a JSON object")
         if document.get("id") != incident_id:
             raise Unreadable(f"{layout.SUMMARY} names another incident")
         return document
 
-    def json(self, incident_id: str, name: str, limit: int) -> Any:
+    def read_json(self, incident_id: str, name: str, limit: int) -> Any:
         """One of the incident's JSON files, parsed."""
         raw = self.read(incident_id, name, limit)
         try:
