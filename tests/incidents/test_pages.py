@@ -62,6 +62,17 @@ def test_the_page_says_who_when_and_where(tmp_path: Path) -> None:
                      r"requested \(rank 0: collected.*\+23\.0 s completed", timeline)
 
 
+def test_ranks_without_a_stack_are_named_once_and_not_blamed(tmp_path: Path) -> None:
+    stacks = stacks_document()
+    for rank in ("2", "3"):
+        stacks["ranks"][rank].update(frames=[], source="none")
+    page = rendered(tmp_path, **{"stacks.json": stacks})
+    seen = " ".join(text_of(page).split())
+    assert "Stacks ranks 0–1 in all_reduce #42 (group 0, world) wait" in seen
+    assert "no stack captured of ranks 2–3 GPUs" in seen
+    assert "group culprit" not in page
+
+
 def test_rank_exits_are_on_the_timeline(tmp_path: Path) -> None:
     ranks = ranks_document()
     ranks["end"] = {"ended": True, "first": 3, "summary": "rank 3 exited first", "ranks": [

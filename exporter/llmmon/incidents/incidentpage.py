@@ -24,6 +24,7 @@ FRAMES_SHOWN = 40  # frames of one stack group shown, innermost first
 
 CAUSES = {
     "rank_not_enqueued": "it never enqueued the collective the other ranks wait in",
+    "root": "it waits on nothing while the other ranks wait on it",
     "stack_root": "its stack is the one the other ranks wait on",
     "stack_symmetric": "every rank is stuck at the same place: none is behind the others",
     "ended": "the job ended: a rank exited first",
@@ -224,10 +225,13 @@ def stack_groups(incident: Incident) -> list[StackGroup]:
 
 
 def _stacks(incident: Incident) -> str:
-    groups = stack_groups(incident)
+    every = stack_groups(incident)
+    groups = [g for g in every if g.frames]
+    bare = sorted(r for g in every if not g.frames for r in g.ranks)
+    none = f"<p class='muted'>no stack captured of {esc(ranks_words(bare))}</p>" if bare else ""
     if not groups:
         problem = incident.stacks.problem or "no stack captured"
-        return f"<p class='muted'>{esc(problem)}</p>"
+        return none or f"<p class='muted'>{esc(problem)}</p>"
     out = []
     for group in sorted(groups, key=lambda g: not set(g.ranks) & set(incident.culprits)):
         blamed = bool(set(group.ranks) & set(incident.culprits))
@@ -238,10 +242,10 @@ def _stacks(incident: Incident) -> str:
             f"<div class='group{' culprit' if blamed else ''}'>"
             f"<h3>{esc(ranks_words(group.ranks))}{' — culprit' if blamed else ''}"
             + (f" <span class='muted'>in {esc(group.where)}</span>" if group.where else "")
-            + f"</h3><pre>{esc(lines) or '(no frames)'}</pre>"
+            + f"</h3><pre>{esc(lines)}</pre>"
             + (f"<p class='muted'>{more} outer frames more in the file</p>" if more > 0 else "")
             + "</div>")
-    return "".join(out)
+    return "".join(out) + none
 
 
 def _kmsg(text: str) -> str:
