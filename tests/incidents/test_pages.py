@@ -115,7 +115,8 @@ def test_anybodys_text_is_escaped_everywhere(tmp_path: Path) -> None:
     store = Store(str(tmp_path))
     pages = [incident_page(Incident.read(store, incident)), list_page(store.listing(), job),
              status_page(NodeStatus("1", "/metrics", [], Answer({"jobs": [ranks]}),
-                                    Answer(missing=True), store.listing()))]
+                                    Answer(missing=True), Answer({"source": HOSTILE}),
+                                    store.listing()))]
     for page in pages:
         assert "<script" not in page.lower() and "<img" not in page.lower()
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -167,10 +168,11 @@ def test_the_list_links_each_incident_and_says_which_could_not_be_read(tmp_path:
     assert "no incident recorded here" in list_page(Listing([], []))
 
 
-def status(ranks: Answer, diagnosis: Answer, listing: Listing | None = None) -> str:
+def status(ranks: Answer, diagnosis: Answer, listing: Listing | None = None,
+           gpus: Answer = Answer(missing=True)) -> str:
     collectors = [{"name": "ranks", "status": "ok", "message": "", "series": 12}]
     return " ".join(text_of(status_page(NodeStatus("9.9", "/metrics", collectors, ranks,
-                                                   diagnosis, listing))).split())
+                                                   diagnosis, gpus, listing))).split())
 
 
 def test_the_status_page_shows_the_ranks_verdicts_and_incidents(tmp_path: Path) -> None:
@@ -179,8 +181,11 @@ def test_the_status_page_shows_the_ranks_verdicts_and_incidents(tmp_path: Path) 
         {"title": "Training ranks", "checks": [
             {"title": "A group stalled", "verdict": "suspect", "summary": "group 0 stalled"},
             {"title": "Reporter", "verdict": "ok", "summary": "fine"}]}]}
+    gpus = {"source": "NVML 13.615 (replay)", "xid_watched": [], "gpus": [
+        {"index": 0, "uuid": "GPU-0", "up": True, "unsupported": []},
+        {"index": 1, "uuid": "GPU-1", "up": False, "unsupported": ["fan_speed", "ecc"]}]}
     seen = status(Answer({"jobs": [ranks_document()]}), Answer(report),
-                  Store(str(tmp_path)).listing())
+                  Store(str(tmp_path)).listing(), Answer(gpus))
     assert "job team-a.llama ranks 0–3 here stalled" in seen
     assert "rank 3 (world group 0 {0-3}) is in load_next_batch" in seen
     assert "Stalled groups: job team-a.llama, group 0 (default_pg): ranks 0–2 wait" in seen
@@ -189,6 +194,8 @@ def test_the_status_page_shows_the_ranks_verdicts_and_incidents(tmp_path: Path) 
     assert "Training ranks: A group stalled — group 0 stalled" in seen
     assert "2026-11-30 00:53:43 UTC team-a.llama node-a stalled job team-a.llama: rank 3" in seen
     assert "ranks ok 12" in seen
+    assert "NVML 13.615 (replay) gpu uuid state NVML calls not supported 0 GPU-0 up — " \
+        "1 GPU-1 down fan_speed, ecc" in seen
 
 
 def test_the_status_page_renders_while_the_collector_process_is_down() -> None:
@@ -199,4 +206,5 @@ def test_the_status_page_renders_while_the_collector_process_is_down() -> None:
     assert "this server keeps no incident directory" in seen
     seen = status(Answer(missing=True), Answer({"jobs": "garbage"}), Listing([], []))
     assert "the ranks collector is not enabled on this daemon" in seen
+    assert "the gpu collector is not enabled on this daemon" in seen
     assert "no incident recorded here" in seen

@@ -119,9 +119,11 @@ def test_a_summary_json_cannot_encode_is_still_answered(tmp_path: Path) -> None:
 def test_the_landing_page_is_the_node_status(tmp_path: Path) -> None:
     write_incident(tmp_path)
     http = client(tmp_path, ranks=lambda: {"jobs": [ranks_document()]},
-                  diagnose=lambda: {"verdict": "ok", "branches": []})
+                  diagnose=lambda: {"verdict": "ok", "branches": []},
+                  gpu=lambda: {"source": "NVML", "gpus": [{"index": 0, "uuid": "GPU-0a"}]})
     landing = http.get("/")
     assert landing.status_code == 200 and "<h1>llmmon exporter" in landing.text
+    assert "<td>GPU-0a</td>" in landing.text
     assert "rank 3 (world group 0 {0-3}) is in load_next_batch" in landing.text
     assert "<a class='nowrap' href='/incidents/20261130T005320Z-team-a.llama-3f2a9c'>" \
         in landing.text

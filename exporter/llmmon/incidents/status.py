@@ -1,5 +1,5 @@
-"""The node's status page (`/`): its ranks and their verdicts, the diagnosis, the collectors
-and the recent incidents, on one page that reloads itself.
+"""The node's status page (`/`): its ranks and their verdicts, the diagnosis, its GPUs, the
+recent incidents and the collectors, on one page that reloads itself.
 
 It lives beside the incident pages because it shows them and shares their look. The live parts
 come from the collector process, which may be down or slow: each arrives as an `Answer` that
@@ -35,6 +35,7 @@ class NodeStatus:
     collectors: list[dict[str, Any]]
     ranks: Answer
     diagnosis: Answer
+    gpus: Answer
     incidents: Listing | None  # None: this server keeps no incident directory
 
 
@@ -47,6 +48,7 @@ def status_page(status: NodeStatus) -> str:
     body = (f"<h1>llmmon exporter {esc(status.version)}</h1>{links}"
             + section("Ranks", lambda: _ranks(status.ranks), "ranks")
             + section("Diagnosis", lambda: _diagnosis(status.diagnosis), "diagnosis")
+            + section("GPUs", lambda: _gpus(status.gpus), "gpus")
             + section("Recent incidents", lambda: _incidents(status), "incidents")
             + section("Collectors", lambda: _collectors(status.collectors), "collectors"))
     return page("llmmon exporter", body, refresh=REFRESH)
@@ -120,6 +122,20 @@ def _diagnosis(answer: Answer) -> str:
     return (f"<p>Node verdict: <strong class='{esc(verdict)}'>{esc(verdict)}</strong>"
             f" <span class='muted'>({tally})</span></p>"
             + (f"<ul>{''.join(suspects)}</ul>" if suspects else ""))
+
+
+def _gpus(answer: Answer) -> str:
+    gone = _unavailable(answer, "the gpu collector is not enabled on this daemon")
+    if gone is not None:
+        return gone
+    state = as_dict(answer.document)
+    rows = [[esc(g.get("index", "?")), esc(g.get("uuid", "")), "up" if g.get("up") else
+             "<span class='bad'>down</span>", esc(", ".join(map(str, as_list(g.get("unsupported"))))
+                                                 or "—")]
+            for g in map(as_dict, as_list(state.get("gpus")))]
+    source = f"<p class='muted'>{esc(state.get('source', ''))}</p>"
+    return source + (table(["gpu", "uuid", "state", "NVML calls not supported"], rows) if rows
+                     else "<p>no GPU on this node</p>")
 
 
 def _incidents(status: NodeStatus) -> str:

@@ -144,12 +144,13 @@ def create_app(sampler: Exposition, routes: Routes, telemetry_path: str = "/metr
 
     @app.get("/", response_class=HTMLResponse)
     async def landing() -> HTMLResponse:
-        ranks, diagnosis, listing = await asyncio.gather(
+        ranks, diagnosis, gpus, listing = await asyncio.gather(
             run_in_threadpool(_answer, routes, "ranks"),
             run_in_threadpool(_answer, routes, "diagnose"),
+            run_in_threadpool(_answer, routes, "gpu"),
             run_in_threadpool(lambda: None if incidents is None else incidents.listing()))
         return _page(status_page(NodeStatus(__version__, telemetry_path,
-                                             sampler.snapshot_json(), ranks, diagnosis,
+                                             sampler.snapshot_json(), ranks, diagnosis, gpus,
                                              listing)))
 
     if incidents is not None:
