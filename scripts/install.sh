@@ -8,7 +8,8 @@
 #                               reporter tests; and, with apt-get, only what is missing of
 #                               Debian's prometheus, prometheus-alertmanager, victoria-metrics
 #                               (with vmagent and vmalert), openssl, systemd, iproute2 (ip:
-#                               network namespaces) and procps (sysctl)
+#                               network namespaces), procps (sysctl) and chromium with a font
+#                               (the pages' browser tests)
 #
 # Environment:
 #   PYTHON           the interpreter (default python3); the Dockerfile points it at a venv
@@ -53,6 +54,7 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v sysctl >/dev/null || missing+=(procps)
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
 if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -29,7 +29,7 @@ exec python3 "$@"
 """
 # What install.sh --test would otherwise apt-get install; present, the script installs nothing.
 DEBIAN_BINARIES = ("promtool", "prometheus-alertmanager", "openssl", "systemd-analyze", "ip",
-                   "sysctl")
+                   "sysctl", "chromium")
 
 
 @pytest.fixture

@@ -7,18 +7,24 @@ families.
 
 from __future__ import annotations
 
-import html
-from typing import Any, Awaitable, Callable, Protocol
+import asyncio
+import os
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse as StarletteJSONResponse
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import StreamingResponse
 
 from llmmon import __version__
 from llmmon.collector import RouteError
+from llmmon.incidents.html import error_page, list_page
+from llmmon.incidents.incidentpage import Incident, incident_page
+from llmmon.incidents.status import Answer, NodeStatus, status_page
+from llmmon.incidents.store import IncidentError, Store, UnknownIncident
 from llmmon.serve.routes import Routes
-from llmmon.textsafe import json_ready, printable
+from llmmon.textsafe import json_ready
 
 
 class JSONResponse(StarletteJSONResponse):
@@ -105,8 +111,10 @@ class HeaderLimit:
         await self.app(scope, receive, send)
 
 
-def create_app(sampler: Exposition, routes: Routes,
-               telemetry_path: str = "/metrics") -> FastAPI:
+def create_app(sampler: Exposition, routes: Routes, telemetry_path: str = "/metrics",
+               incidents: Store | None = None) -> FastAPI:
+    """`incidents`: the incident directory, served from disk by this process (so while the
+    collector process is down too); None: no incident routes."""
     app = FastAPI(title="llmmon", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url="/api/v1/openapi.json")
 
@@ -135,25 +143,18 @@ def create_app(sampler: Exposition, routes: Routes,
         return JSONResponse({"version": __version__, "collectors": sampler.snapshot_json()})
 
     @app.get("/", response_class=HTMLResponse)
-    async def landing() -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(s['name'])}</td><td class='{html.escape(s['status'])}'>"
-            f"{html.escape(s['status'])}</td>"
-            f"<td>{html.escape(printable(s['message'] or ''))}</td>"
-            f"<td>{s['series']}</td></tr>"
-            for s in sampler.snapshot_json())
-        path = html.escape(telemetry_path)
-        return (
-            "<!doctype html><html><head><meta charset='utf-8'><title>llmmon exporter</title>"
-            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.2em .8em;"
-            "text-align:left}.ok{color:green}.failed{color:#b00}.empty{color:gray}</style>"
-            f"</head><body><h1>llmmon exporter {html.escape(__version__)}</h1>"
-            f"<p><a href='{path}'>Metrics</a> · <a href='/api/v1/collectors'>"
-            "Collectors (JSON)</a> · <a href='/api/v1/diagnose'>Diagnosis (JSON)</a> · "
-            "<a href='/healthz'>Health</a></p>"
-            "<table><tr><th>collector</th><th>status</th><th>detail</th><th>series</th></tr>"
-            f"{rows}</table></body></html>")
+    async def landing() -> HTMLResponse:
+        ranks, diagnosis, gpus, listing = await asyncio.gather(
+            run_in_threadpool(_answer, routes, "ranks"),
+            run_in_threadpool(_answer, routes, "diagnose"),
+            run_in_threadpool(_answer, routes, "gpu"),
+            run_in_threadpool(lambda: None if incidents is None else incidents.listing()))
+        return _page(status_page(NodeStatus(__version__, telemetry_path,
+                                             sampler.snapshot_json(), ranks, diagnosis, gpus,
+                                             listing)))
 
+    if incidents is not None:
+        _mount_incidents(app, incidents)
     for key, handler in routes.get.items():
         _mount(app, f"/api/v1/{key}", "GET", lambda _query, handler=handler: handler())
     for key, action in routes.post.items():
@@ -173,3 +174,86 @@ def _mount(app: FastAPI, path: str, method: str,
             return JSONResponse({"error": str(exc)}, status_code=400)
 
     app.add_api_route(path, endpoint, methods=[method])
+
+
+# No script runs on these pages, nothing loads from elsewhere: a hostile string that escaped
+# escaping could still not run.
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+                "X-Content-Type-Options": "nosniff"}
+FILE_TYPES = {".json": "application/json", ".txt": "text/plain; charset=utf-8"}
+CHUNK = 1 << 16
+
+
+def _page(text: str, status_code: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status_code, headers=PAGE_HEADERS)
+
+
+def _answer(routes: Routes, key: str) -> Answer:
+    """A GET route's document for the status page, or why not: the page renders whatever the
+    collector process could answer, and says why for the rest."""
+    handler = routes.get.get(key)
+    if handler is None:
+        return Answer(missing=True)
+    try:
+        return Answer(handler())
+    except RouteError as exc:
+        return Answer(error=f"{exc} ({exc.status})")
+    except Exception as exc:  # an in-process route's own failure: one section, not the page
+        return Answer(error=f"{type(exc).__name__}: {exc}")
+
+
+def _mount_incidents(app: FastAPI, store: Store) -> None:
+    """The contract's routes: JSON and files under /api/v1/incidents, pages under /incidents.
+    Sync endpoints: each reads the disk in a thread, off the event loop."""
+
+    def failed(exc: IncidentError, page: bool) -> Response:
+        if page:
+            return _page(error_page(str(exc)), exc.status)
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.get("/api/v1/incidents")
+    def incidents_json(job_id: str | None = None) -> JSONResponse:
+        listing = store.listing(job_id)
+        return JSONResponse({"incidents": listing.incidents, "unreadable": listing.unreadable})
+
+    @app.get("/api/v1/incidents/{incident_id}")
+    def incident_json(incident_id: str) -> Response:
+        try:
+            return JSONResponse(store.summary(incident_id))
+        except IncidentError as exc:
+            return failed(exc, page=False)
+
+    @app.get("/api/v1/incidents/{incident_id}/files/{name:path}")
+    def incident_file(incident_id: str, name: str) -> Response:
+        try:
+            file = store.open(incident_id, name)
+        except IncidentError as exc:
+            return failed(exc, page=False)
+
+        def chunks() -> Iterator[bytes]:
+            with file:
+                while block := file.read(CHUNK):
+                    yield block
+
+        kind = FILE_TYPES.get(os.path.splitext(name)[1], "application/octet-stream")
+        return StreamingResponse(chunks(), media_type=kind,
+                                 headers={"X-Content-Type-Options": "nosniff"})
+
+    @app.get("/incidents", response_class=HTMLResponse)
+    def incidents_page(job_id: str | None = None) -> HTMLResponse:
+        return _page(list_page(store.listing(job_id), job_id))
+
+    @app.get("/incidents/latest")
+    def latest(job_id: str | None = None) -> Response:
+        newest = store.listing(job_id).incidents
+        if not newest:
+            of = f" of job {job_id}" if job_id else ""
+            return failed(UnknownIncident(f"no incident{of} here"), page=True)
+        return RedirectResponse(f"/incidents/{newest[0]['id']}", status_code=302)
+
+    @app.get("/incidents/{incident_id}", response_class=HTMLResponse)
+    def incident_html(incident_id: str) -> Response:
+        try:
+            return _page(incident_page(Incident.read(store, incident_id)))
+        except IncidentError as exc:
+            return failed(exc, page=True)

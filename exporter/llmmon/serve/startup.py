@@ -20,6 +20,8 @@ from llmmon import logs
 from llmmon.bundle import replay_settings
 from llmmon.collectors import discover
 from llmmon.config import ConfigError, Settings, build_settings
+from llmmon.incidents import layout
+from llmmon.incidents.store import Store
 from llmmon.serve import httpserver
 from llmmon.serve.app import create_app
 from llmmon.serve.supervisor import Supervisor
@@ -35,6 +37,13 @@ def split_listen_address(address: str) -> tuple[str, int]:
         raise ValueError(f"listen address {address!r}: expected host:port, :port or [::]:port")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+def incident_store(settings: Settings) -> Store:
+    """The directory the collector `incidents` writes, read by this process straight from disk
+    (the pages work while the collector process is down, and whether or not the collector is
+    enabled: what it wrote before stays readable)."""
+    return Store(settings.collectors.get("incidents", {}).get("dir", layout.DEFAULT_DIR))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -74,7 +83,8 @@ def _serve(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> int:
 def _listen(settings: Settings, host: str, port: int, web: WebConfig | None,
             supervisor: Supervisor, fds: tuple[int, int], after: Callable[[], None]) -> int:
     """Serve the supervisor until SIGTERM or SIGINT; 1 when the address cannot be bound."""
-    app = create_app(supervisor, supervisor.routes, settings["web.telemetry_path"])
+    app = create_app(supervisor, supervisor.routes, settings["web.telemetry_path"],
+                     incident_store(settings))
     if web is not None:
         app = web.protect(app)
     fd_before, fd_limit = fds
