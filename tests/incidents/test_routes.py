@@ -12,7 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llmmon.collector import RouteError
-from llmmon.config import Settings
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
 from llmmon.incidents import layout
 from llmmon.incidents.store import Store
 from llmmon.sampler import Sampler
@@ -150,10 +152,12 @@ def test_without_a_directory_there_are_no_incident_routes() -> None:
     assert http.get("/api/v1/incidents").status_code == 404
 
 
-def test_the_server_reads_the_incidents_collectors_directory() -> None:
-    assert incident_store(Settings({})).root == layout.DEFAULT_DIR
-    assert incident_store(Settings({}, {"incidents": {"dir": "/x", "enabled": False}})
-                          ).root == "/x"
+def test_the_server_reads_the_incidents_collectors_directory_even_with_it_disabled() -> None:
+    args = build_parser().parse_args(["serve", "--no-collector.incidents",
+                                      "--collector.incidents.dir=/x"])
+    assert incident_store(build_settings(args, discover())).root == "/x"
+    default = build_settings(build_parser().parse_args(["serve"]), discover())
+    assert incident_store(default).root == layout.DEFAULT_DIR
 
 
 def test_a_listing_is_json_even_when_nothing_is_there(tmp_path: Path) -> None:

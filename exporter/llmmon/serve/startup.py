@@ -20,7 +20,6 @@ from llmmon import logs
 from llmmon.bundle import replay_settings
 from llmmon.collectors import discover
 from llmmon.config import ConfigError, Settings, build_settings
-from llmmon.incidents import layout
 from llmmon.incidents.store import Store
 from llmmon.serve import httpserver
 from llmmon.serve.app import create_app
@@ -43,7 +42,7 @@ def incident_store(settings: Settings) -> Store:
     """The directory the collector `incidents` writes, read by this process straight from disk
     (the pages work while the collector process is down, and whether or not the collector is
     enabled: what it wrote before stays readable)."""
-    return Store(settings.collectors.get("incidents", {}).get("dir", layout.DEFAULT_DIR))
+    return Store(settings.collectors["incidents"]["dir"])
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -189,9 +189,14 @@ def test_a_real_server_status_page_with_its_collector_process_up_then_frozen(
     shutil.copytree(FIXTURES / "spool" / "nccl4", spool)
     for path in spool.glob("*/*.json"):  # written now: the ranks are up
         write_atomic(str(path.parent), path.name, path.read_bytes())
+    incidents = tmp_path / "incidents"
     server = serve("--collector.disable-defaults", "--collector.ranks", f"--spool.dir={spool}",
-                   "--collector.ranks.stale-after=1h", "--collector.ranks.auto-dump=false")
+                   "--collector.ranks.stale-after=1h", "--collector.ranks.auto-dump=false",
+                   "--collector.incidents", f"--collector.incidents.dir={incidents}")
     server.wait_collected()
+    # the stalled fixture job: the daemon keeps an incident of it on its own
+    listed = wait_for(lambda: requests.get(server.url + "/api/v1/incidents", timeout=5)
+                      .json()["incidents"] or None, 60, "the daemon's incident")
     tab = browser.tab()
     tab.open(server.url + "/")
     text = seen(tab)["text"]
@@ -213,3 +218,13 @@ def test_a_real_server_status_page_with_its_collector_process_up_then_frozen(
         said = box(tab, section)
         assert said["visible"] and "not available now: the collector process" in said["text"]
     looks_like_a_page(tab.screenshot(artefacts(tmp_path) / "status-collector-frozen.png"))
+    # the incident is read from disk: its page comes while the collector process is stopped
+    os.kill(child, signal.SIGSTOP)
+    try:
+        tab.open(f"{server.url}/incidents/{listed[0]['id']}")
+        page = seen(tab)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
+    assert "rank 3 (world group 0 {0-3}) waits on nothing" in page["text"], page["text"][:2000]
+    looks_like_a_page(tab.screenshot(artefacts(tmp_path) / "incident-serve.png"))
