@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from typing import Any, Callable
 from bench.common import write_result
 from bench.faults import watch
 from bench.faults.classes import MESH, FaultClass, Sighting, classes
-from bench.faults.cluster import CHECKOUT, NODES, Cluster, Job, remove_namespaces
+from bench.faults.cluster import CHECKOUT, NODES, Cluster, Job, pythonpath, remove_namespaces
 
 POLL = 3.0  # seconds between looks at the API and the pages
 DIAGNOSE_EVERY = 2  # polls between diagnose runs (each costs a few requests per node)
@@ -204,6 +205,34 @@ def _step(run: Run, now: float, ranks: dict[str, dict[str, Any]],
         run.phase = "done"
 
 
+def merged_report(cluster: Cluster, run: Run) -> dict[str, Any] | None:
+    """`llmmon incident` over the job's nodes (found through Prometheus, as an SRE would), and
+    whether it names the culprit and the cause the page names."""
+    if not run.incidents:
+        return None
+    where = (["--prometheus", cluster.prometheus] if cluster.alerting
+             else [arg for n in cluster.nodes for arg in ("--node", n.url)])
+    done = subprocess.run([sys.executable, "-m", "llmmon", "incident", run.job.monitored_id,
+                           *where, "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": pythonpath()})
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        return {"error": (done.stderr or done.stdout)[-300:]}
+    culprit = report.get("culprit") or {}
+    fault, named = run.fault, set(culprit.get("ranks") or [])
+    right = fault.culprit is not None and fault.culprit in named \
+        and named <= {fault.culprit, *fault.also}
+    said = " ".join([culprit.get("text") or "", *(f.get("text", "") for f in
+                                                   (report.get("fr") or {}).get("findings", []))])
+    page = run.sources["page"]
+    return {"ranks": sorted(named), "cause": culprit.get("cause"), "agreed": culprit.get("agreed"),
+            "nodes": [n.get("node") for n in report.get("nodes", [])],
+            "culprit_right": right, "cause_right": bool(fault.cause_re.search(said)),
+            "same_as_page": right and page.named_at is not None and page.cause_at is not None
+            and bool(fault.cause_re.search(said)), "text": (culprit.get("text") or "")[:300]}
+
+
 def job_ranks(ranks: dict[str, dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
     """The job's ranks in the daemons' /api/v1/ranks answers."""
     return [rank for answer in ranks.values() for job in answer.get("jobs", [])
@@ -259,6 +288,11 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                         run.job.__exit__()
                         active.remove(run)
                         results.append(run.result())
+                        if run.fault.incident:
+                            try:
+                                results[-1]["merged"] = merged_report(cluster, run)
+                            except (OSError, subprocess.SubprocessError) as exc:
+                                results[-1]["merged"] = {"error": str(exc)[:300]}
                         if done is None:
                             print(row(results[-1]), flush=True)
                         else:
@@ -341,7 +375,8 @@ def measured(metas: list[dict[str, Any]]) -> str:
 
 
 INCIDENT_HEADER = ("| class | incident on every node, s after onset | per node: trigger, complete s, "
-                   "KB, culprit, capture CPU s | false incidents |\n|---|---|---|---|")
+                   "KB, culprit, capture CPU s | `llmmon incident`: culprit | same culprit and "
+                   "cause as the page | false incidents |\n|---|---|---|---|---|---|")
 
 
 def incident_row(r: dict[str, Any]) -> str:
@@ -352,7 +387,13 @@ def incident_row(r: dict[str, Any]) -> str:
         f"{(i.get('capture') or {}).get('cpu_seconds', 0):.3f}"
         for node, i in sorted(r.get("incidents", {}).items())) or "–"
     false = len(r.get("incidents", {})) if r["must_not_page"] else 0
-    return f"| {r['class']} | {_s(r.get('incident_every_node_s'))} | {nodes} | {false} |"
+    merged = r.get("merged") or {}
+    said = merged.get("error") or (
+        f"{', '.join(map(str, merged['ranks'])) or '–'} ({merged.get('cause') or '–'})"
+        if merged else "–")
+    same = _yn(merged.get("same_as_page")) if "same_as_page" in merged else "–"
+    return (f"| {r['class']} | {_s(r.get('incident_every_node_s'))} | {nodes} | {said} | "
+            f"{same} | {false} |")
 
 
 def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> Path:
