@@ -75,15 +75,24 @@ def _ranks(answer: Answer) -> str:
 def _job(job: dict[str, Any]) -> str:
     verdict = as_dict(job.get("verdict"))
     stalled = [g for g in map(as_dict, as_list(job.get("groups"))) if g.get("stalled")]
-    end = as_dict(job.get("end"))
-    said = ""
-    if verdict.get("summary"):
-        said = f"<div class='culprit'><p>{esc(verdict['summary'])}</p></div>"
-    elif end.get("summary"):
-        said = f"<div class='culprit'><p>{esc(end['summary'])}</p></div>"
+    said = verdict.get("summary") or as_dict(job.get("end")).get("summary")
     groups = "".join(f"<li>{esc(g.get('summary') or g.get('pg', '?'))}</li>" for g in stalled)
+    ranks = [r.get("rank") for r in map(as_dict, as_list(job.get("ranks")))
+             if isinstance(r.get("rank"), int)]
+    return (f"<h3>job {esc(job.get('job_id', '?'))}"
+            + (f" <span class='muted'>{esc(ranks_words(ranks))} here</span>" if ranks else "")
+            + (" <span class='suspect'>stalled</span>" if verdict.get("stalled") else "")
+            + "</h3>"
+            + (f"<div class='culprit'><p>{esc(said)}</p></div>" if said else "")
+            + (f"<p>Stalled groups:</p><ul>{groups}</ul>" if groups else "")
+            + _rank_table(job, verdict))
+
+
+def _rank_table(job: dict[str, Any], verdict: dict[str, Any]) -> str:
+    """One row a rank: its pod, whether it reports, its process and where it is; the roots of
+    a stalled job highlighted."""
     rows, classes = [], []
-    roots = as_list(verdict.get("roots"))
+    roots = as_list(verdict.get("roots")) if verdict.get("stalled") else []
     for rank in map(as_dict, as_list(job.get("ranks"))):
         doing, exit_ = as_dict(rank.get("doing")), as_dict(rank.get("exit"))
         idle = doing.get("cpu_idle_seconds")
@@ -92,15 +101,8 @@ def _job(job: dict[str, Any]) -> str:
         rows.append([esc(rank.get("rank", "?")), esc(rank.get("pod") or "—"), esc(state),
                      esc(doing.get("state") or "—"), esc(doing.get("where") or "—"),
                      "—" if idle is None else f"{number(idle)} s"])
-        classes.append("hl" if rank.get("rank") in roots and verdict.get("stalled") else "")
-    ranks = [r.get("rank") for r in map(as_dict, as_list(job.get("ranks")))
-             if isinstance(r.get("rank"), int)]
-    return (f"<h3>job {esc(job.get('job_id', '?'))}"
-            + (f" <span class='muted'>{esc(ranks_words(ranks))} here</span>" if ranks else "")
-            + (" <span class='suspect'>stalled</span>" if verdict.get("stalled") else "")
-            + f"</h3>{said}"
-            + (f"<p>Stalled groups:</p><ul>{groups}</ul>" if groups else "")
-            + table(["rank", "pod", "reporter", "process", "where", "no CPU for"], rows, classes))
+        classes.append("hl" if rank.get("rank") in roots else "")
+    return table(["rank", "pod", "reporter", "process", "where", "no CPU for"], rows, classes)
 
 
 def _diagnosis(answer: Answer) -> str:
