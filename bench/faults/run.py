@@ -225,12 +225,14 @@ def merged_report(cluster: Cluster, run: Run) -> dict[str, Any] | None:
         and named <= {fault.culprit, *fault.also}
     said = " ".join([culprit.get("text") or "", *(f.get("text", "") for f in
                                                    (report.get("fr") or {}).get("findings", []))])
-    page = run.sources["page"]
+    # the page's verdict; a job's end pages nobody, so there the API's
+    said_by = run.sources["page" if fault.pages else "api"]
     return {"ranks": sorted(named), "cause": culprit.get("cause"), "agreed": culprit.get("agreed"),
             "nodes": [n.get("node") for n in report.get("nodes", [])],
             "culprit_right": right, "cause_right": bool(fault.cause_re.search(said)),
-            "same_as_page": right and page.named_at is not None and page.cause_at is not None
-            and bool(fault.cause_re.search(said)), "text": (culprit.get("text") or "")[:300]}
+            "same_as_page": right and said_by.named_at is not None
+            and said_by.cause_at is not None and bool(fault.cause_re.search(said)),
+            "text": (culprit.get("text") or "")[:300]}
 
 
 def job_ranks(ranks: dict[str, dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
@@ -376,7 +378,8 @@ def measured(metas: list[dict[str, Any]]) -> str:
 
 INCIDENT_HEADER = ("| class | incident on every node, s after onset | per node: trigger, complete s, "
                    "KB, culprit, capture CPU s | `llmmon incident`: culprit | same culprit and "
-                   "cause as the page | false incidents |\n|---|---|---|---|---|---|")
+                   "cause as the page (the API's, for a job's end) | false incidents |"
+                   "\n|---|---|---|---|---|---|")
 
 
 def incident_row(r: dict[str, Any]) -> str:
