@@ -83,3 +83,15 @@ def test_the_kernel_log_from_the_stall_on_and_a_clear_reason_when_it_cannot_be_r
     assert len(text.splitlines()) == 2 and "old news" not in text
     text, problem = kernel_log(str(tmp_path / "absent"), now - 30, now)
     assert text == "" and "kernel log" in problem and "absent" in problem
+
+
+def test_a_ring_younger_than_the_stall_has_no_span_before_it() -> None:
+    start = 1_800_000_000.0
+    ring = CounterRing(span=420.0, every=5.0)
+    for i in range(4):  # the daemon started 30 s ago; the job has been stalled for 100 s
+        ring.offer(start + 70 + 10 * i, [{"llmmon_netdev_receive_drops_total":
+                                          {(("netdev", "eth0"),): float(i)}}])
+    doc = network(ring, start, start + 100)
+    assert doc["spans"] == {"before": [start, start], "during": [start, start + 100]}
+    counter = doc["ports"][0]["counters"]["llmmon_netdev_receive_drops_total"]
+    assert counter == {"before": None, "during": 3.0}

@@ -193,7 +193,8 @@ class CounterRing:
         length = max(now - start, 10.0)
         during = (now - length, now)
         oldest = self._ring[0][0] if self._ring else during[0]
-        return (max(during[0] - length, oldest), during[0]), during
+        # a ring younger than the stall (the daemon started during it) has no span before it
+        return (min(max(during[0] - length, oldest), during[0]), during[0]), during
 
     def _points(self, name: str, labels: LabelKey, span: tuple[float, float]
                 ) -> list[tuple[float, float]]:
@@ -275,7 +276,7 @@ def kernel_log(path: str, start: float, now: float) -> tuple[str, str | None]:
     try:
         records = read_kmsg(path)
     except KmsgError as exc:
-        return "", f"kernel log: {exc}"
+        return "", f"kernel log: {exc.strerror}"
     boot_start = time.monotonic() - (now - start) - KMSG_LEAD
     lines = [f"[{r.seconds:12.6f}] {r.message}" for r in records if r.seconds >= boot_start]
     cut = len(lines) - KMSG_LINES

@@ -108,10 +108,14 @@ class Recorder:
     def _capture(self, job: stall.JobEvidence, trigger: str, declared: float) -> None:
         try:
             incident = self._write(job, trigger, declared)
+        except OSError as exc:  # a full disk, a directory the daemon may not write
+            log.error("job %s: the incident could not be written under %s "
+                      "(--collector.incidents.dir): %s", job.job_id, self.root, exc)
+            self._failed()
+            return
         except Exception:  # one incident's failure is logged and counted, never the daemon's
             log.exception("job %s: the incident could not be written", job.job_id)
-            with self._lock:
-                self.written.failed += 1
+            self._failed()
             return
         log.warning("job %s: incident %s written (%s)", job.job_id, incident,
                     os.path.join(self.root, incident))
@@ -119,6 +123,10 @@ class Recorder:
             self.written.by_trigger[trigger] += 1
             self.written.newest[job.job_id] = incident
         self.prune()
+
+    def _failed(self) -> None:
+        with self._lock:
+            self.written.failed += 1
 
     def _write(self, job: stall.JobEvidence, trigger: str, declared: float) -> str:
         start = capture.onset(job, declared)
