@@ -169,10 +169,33 @@ def test_the_list_links_each_incident_and_says_which_could_not_be_read(tmp_path:
 
 
 def status(ranks: Answer, diagnosis: Answer, listing: Listing | None = None,
-           gpus: Answer = Answer(missing=True)) -> str:
+           gpus: Answer = Answer(missing=True), ports: Answer = Answer(missing=True)) -> str:
     collectors = [{"name": "ranks", "status": "ok", "message": "", "series": 12}]
     return " ".join(text_of(status_page(NodeStatus("9.9", "/metrics", collectors, ranks,
-                                                   diagnosis, gpus, listing))).split())
+                                                   diagnosis, gpus, listing, ports))).split())
+
+
+EXPOSITION = """# HELP llmmon_rdma_port_up 1 while the port is ACTIVE.
+# TYPE llmmon_rdma_port_up gauge
+llmmon_rdma_port_up{device="mlx5_0",port="1"} 1.0
+llmmon_rdma_port_up{device="mlx5_1",port="1"} 0.0
+llmmon_rdma_port_rate_bytes_per_second{device="mlx5_0",port="1"} 5e+10
+llmmon_rdma_port_rate_bytes_per_second{device="mlx5_1",port="1"} 5e+10
+llmmon_rdma_transmit_bytes_total{device="mlx5_0",port="1"} 12345.0
+llmmon_netdev_up{netdev="eth0"} 1.0
+llmmon_netdev_speed_bytes_per_second{netdev="eth0"} 3.125e+09
+llmmon_netdev_up{netdev="<b>x"} 0.0
+"""
+
+
+def test_the_status_page_shows_each_port_up_or_down_with_its_rate() -> None:
+    seen = status(Answer({"jobs": []}), Answer(missing=True), ports=Answer(EXPOSITION))
+    assert "kind port state rate netdev <b>x down — netdev eth0 up 25 Gb/s " \
+        "rdma mlx5_0/1 up 400 Gb/s rdma mlx5_1/1 down 400 Gb/s" in seen
+    nothing = status(Answer({"jobs": []}), Answer(missing=True), ports=Answer("# nothing\n"))
+    assert "no RDMA port or network interface reported" in nothing
+    assert "has not rendered its metrics yet" in status(Answer({"jobs": []}),
+                                                         Answer(missing=True))
 
 
 def test_the_status_page_shows_the_ranks_verdicts_and_incidents(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The node's status page (`/`): its ranks and their verdicts, the diagnosis, its GPUs, the
-recent incidents and the collectors, on one page that reloads itself.
+"""The node's status page (`/`): its ranks and their verdicts, the diagnosis, its GPUs and
+ports, the recent incidents and the collectors, on one page that reloads itself.
 
 It lives beside the incident pages because it shows them and shares their look. The live parts
 come from the collector process, which may be down or slow: each arrives as an `Answer` that
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmmon.incidents.html import (as_dict, as_list, esc, incidents_table, number, page,
                                    ranks_words, section, table)
@@ -37,6 +39,7 @@ class NodeStatus:
     diagnosis: Answer
     gpus: Answer
     incidents: Listing | None  # None: this server keeps no incident directory
+    ports: Answer = Answer(missing=True)  # the last exposition's text, as /metrics serves it
 
 
 def status_page(status: NodeStatus) -> str:
@@ -49,6 +52,7 @@ def status_page(status: NodeStatus) -> str:
             + section("Ranks", lambda: _ranks(status.ranks), "ranks")
             + section("Diagnosis", lambda: _diagnosis(status.diagnosis), "diagnosis")
             + section("GPUs", lambda: _gpus(status.gpus), "gpus")
+            + section("Ports", lambda: _ports(status.ports), "ports")
             + section("Recent incidents", lambda: _incidents(status), "incidents")
             + section("Collectors", lambda: _collectors(status.collectors), "collectors"))
     return page("llmmon exporter", body, refresh=REFRESH)
@@ -138,6 +142,36 @@ def _gpus(answer: Answer) -> str:
     source = f"<p class='muted'>{esc(state.get('source', ''))}</p>"
     return source + (table(["gpu", "uuid", "state", "NVML calls not supported"], rows) if rows
                      else "<p>no GPU on this node</p>")
+
+
+PORT_SERIES = ("llmmon_rdma_port_up", "llmmon_rdma_port_rate_bytes_per_second",
+               "llmmon_netdev_up", "llmmon_netdev_speed_bytes_per_second")
+
+
+def _ports(answer: Answer) -> str:
+    """RDMA ports and network interfaces, up or down, with their rate, from the exposition the
+    server already holds (no collector call)."""
+    gone = _unavailable(answer, "the collector process has not rendered its metrics yet")
+    if gone is not None:
+        return gone
+    found: dict[tuple[str, str, str], dict[str, float]] = {}
+    lines = (line for line in str(answer.document).splitlines()
+             if line.startswith(PORT_SERIES))
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        for sample in family.samples:
+            labels = sample.labels
+            key = ("rdma", f"{labels.get('device', '')}/{labels.get('port', '')}",
+                   labels.get("netdev", "")) if family.name.startswith("llmmon_rdma") \
+                else ("netdev", labels.get("netdev", ""), labels.get("netdev", ""))
+            found.setdefault(key, {})["up" if sample.name.endswith("_up") else "rate"] = \
+                sample.value
+    if not found:
+        return "<p>no RDMA port or network interface reported</p>"
+    rows = [[esc(kind), esc(name), "up" if values.get("up") == 1 else
+             "<span class='bad'>down</span>",
+             "—" if values.get("rate") is None else f"{values['rate'] * 8 / 1e9:g} Gb/s"]
+            for (kind, name, _), values in sorted(found.items())]
+    return table(["kind", "port", "state", "rate"], rows)
 
 
 def _incidents(status: NodeStatus) -> str:

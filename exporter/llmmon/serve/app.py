@@ -149,9 +149,11 @@ def create_app(sampler: Exposition, routes: Routes, telemetry_path: str = "/metr
             run_in_threadpool(_answer, routes, "diagnose"),
             run_in_threadpool(_answer, routes, "gpu"),
             run_in_threadpool(lambda: None if incidents is None else incidents.listing()))
+        body = sampler.body(False, False)
+        ports = Answer(missing=True) if body is None else Answer(body.decode("utf-8", "replace"))
         return _page(status_page(NodeStatus(__version__, telemetry_path,
                                              sampler.snapshot_json(), ranks, diagnosis, gpus,
-                                             listing)))
+                                             listing, ports)))
 
     if incidents is not None:
         _mount_incidents(app, incidents)
