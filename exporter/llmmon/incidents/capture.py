@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from statistics import fmean
@@ -165,27 +166,47 @@ def environments(job: stall.JobEvidence, procfs: RootedFS) -> dict[str, Any]:
     return {"ranks": found, "redacted": sorted(redacted), "error": errors}
 
 
+SeriesKey = tuple[str, LabelKey]
+
+
 class CounterRing:
     """The node's GPU and network series over the last `span` seconds, one snapshot every
-    `every` seconds: what an incident compares the stall with."""
+    `every` seconds: what an incident compares the stall with. A snapshot is an array of
+    doubles in the order of an index of its series, shared with the snapshots before it while
+    the node's series do not change: a fat node's 7 minutes (1,100 series, 85 snapshots) hold
+    about 1 MiB, where dicts of floats held 4."""
 
     def __init__(self, span: float = 420.0, every: float = 5.0) -> None:
         self.span = span
         self.every = every
-        self._ring: deque[tuple[float, dict[str, dict[LabelKey, float]]]] = deque()
+        self._ring: deque[tuple[float, Mapping[SeriesKey, int], array]] = deque()
 
     def offer(self, at: float, snapshots: Iterable[Snapshot]) -> None:
         if self._ring and at - self._ring[-1][0] < self.every:
             return
-        kept: dict[str, dict[LabelKey, float]] = {}
+        kept: dict[SeriesKey, float] = {}
         for snapshot in snapshots:
             for name, series in snapshot.items():
                 if name.startswith((GPU_PREFIX, *NETWORK_PREFIXES)) and \
                         not any(part in name for part in NOT_MEASURED):
-                    kept.setdefault(name, {}).update(series)
-        self._ring.append((at, kept))
+                    kept.update(((name, labels), value) for labels, value in series.items())
+        index = self._ring[-1][1] if self._ring else {}
+        if len(index) != len(kept) or any(key not in index for key in kept):
+            index = {key: n for n, key in enumerate(kept)}
+        values = array("d", bytes(8 * len(index)))
+        for key, value in kept.items():
+            values[index[key]] = value
+        self._ring.append((at, index, values))
         while len(self._ring) > 2 and at - self._ring[0][0] > self.span:
             self._ring.popleft()
+
+    def __len__(self) -> int:
+        """Snapshots held."""
+        return len(self._ring)
+
+    def width(self) -> int:
+        """Series in the newest snapshot."""
+        return len(self._ring[-1][1]) if self._ring else 0
 
     def spans(self, start: float, now: float) -> tuple[tuple[float, float], tuple[float, float]]:
         """(before, during): the stall from its onset, and as long a span before it (at least
@@ -198,9 +219,9 @@ class CounterRing:
 
     def _points(self, name: str, labels: LabelKey, span: tuple[float, float]
                 ) -> list[tuple[float, float]]:
-        return [(at, snap[name][labels]) for at, snap in self._ring
-                if span[0] - self.every <= at <= span[1] + self.every
-                and labels in snap.get(name, {})]
+        key = (name, labels)
+        return [(at, values[index[key]]) for at, index, values in self._ring
+                if span[0] - self.every <= at <= span[1] + self.every and key in index]
 
     def measure(self, name: str, labels: LabelKey, span: tuple[float, float]) -> float | None:
         """A counter's increase over the span (a reset counts its new value), a gauge's mean."""
@@ -215,10 +236,14 @@ class CounterRing:
 
     def series(self, prefixes: tuple[str, ...]) -> dict[str, set[LabelKey]]:
         out: dict[str, set[LabelKey]] = {}
-        for _, snapshot in self._ring:
-            for name, series in snapshot.items():
+        seen: set[int] = set()
+        for _, index, _ in self._ring:
+            if id(index) in seen:  # shared with the snapshot before
+                continue
+            seen.add(id(index))
+            for name, labels in index:
                 if name.startswith(prefixes):
-                    out.setdefault(name, set()).update(series)
+                    out.setdefault(name, set()).add(labels)
         return out
 
 
