@@ -61,7 +61,7 @@ class Meter:
     def __init__(self) -> None:
         main = threading.main_thread()
         self.thread_id = main.ident or 0
-        self.tid = main.native_id or os.getpid()
+        self.tid = _main_tid(main.native_id or os.getpid())
         self.own_written = 0  # bytes the reporter wrote (its files): not the trainer's I/O
         self._last: tuple[float, int] | None = None
         self._last_ns = 0
@@ -93,6 +93,16 @@ class Meter:
                 "voluntary_switches": status.get("voluntary_ctxt_switches", 0),
                 "involuntary_switches": status.get("nonvoluntary_ctxt_switches", 0),
                 "cpu_active_ns": self.cpu_active_ns, "io_active_ns": self.io_active_ns}
+
+
+def _main_tid(native: int) -> int:
+    """The main thread's number in /proc's own PID namespace: the process's, as /proc/self
+    names it. A process in a PID namespace that kept its parent's /proc (`unshare --pid`
+    without `--mount-proc`, `nsenter --pid` alone) has another number there than gettid()."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return native
 
 
 def _keyed(path: str) -> dict[str, int]:
