@@ -26,6 +26,22 @@ def test_the_node_holding_the_culprit_outvotes_the_node_that_sees_remote_waits()
     assert report.fr.ranks == (0, 1, 2, 3)
 
 
+def test_nodes_that_each_name_roots_among_their_own_ranks_blame_them_all() -> None:
+    # every rank stuck before its next collective (a file system dead under all of them)
+    a_doc, a_files = node_a()
+    a_doc["culprit"] = {"ranks": [0, 1], "cause": "root", "text": "node-a says [0, 1]"}
+    b_doc, b_files = node_b()
+    b_doc["culprit"] = {"ranks": [2, 3], "cause": "root", "text": "node-b says [2, 3]"}
+    c = merge(JOB, [incident((a_doc, a_files)), incident((b_doc, b_files))]).culprit
+    assert (c.ranks, c.cause, c.named_by, c.agreed) == ((0, 1, 2, 3), "root",
+                                                        ("node-a", "node-b"), True)
+    assert c.text == "node-a says [0, 1]; node-b says [2, 3]"
+    # a node that names a rank it does not hold competes instead
+    a_doc["culprit"] = {"ranks": [3], "cause": "root", "text": "node-a says [3]"}
+    c = merge(JOB, [incident((a_doc, a_files)), incident((b_doc, b_files))]).culprit
+    assert not c.agreed and c.notes[0].startswith("nodes disagree")
+
+
 def test_stacks_are_grouped_across_nodes_by_identical_frames() -> None:
     report = merge(JOB, [incident(node_a()), incident(node_b())])
     assert [(g.ranks, g.nodes) for g in report.stacks] == [

@@ -195,6 +195,9 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
                            "; ".join(f.text for f in fr.findings if f.kind != "desync"), (),
                            True, ("no node names a culprit; the Flight Recorder dumps do",))
         return Culprit((), "", "no node names a culprit", (), True, ())
+    together = _own_roots(incidents, pool)
+    if together is not None:
+        return together
     by_ranks: dict[tuple[int, ...], list[_Claim]] = {}
     for claim in pool:
         by_ranks.setdefault(claim.ranks, []).append(claim)
@@ -204,6 +207,23 @@ def culprit(incidents: list[NodeIncident], fr: frtrace.Analysis) -> Culprit:
     return Culprit(chosen, first.cause, first.text,
                    tuple(c.node for c in claims if c.ranks == chosen), len(by_ranks) == 1,
                    tuple(_notes(incidents, fr, claims, pool, chosen)))
+
+
+ROOTS = ("root", "stack_root")
+
+
+def _own_roots(incidents: list[NodeIncident], pool: list[_Claim]) -> Culprit | None:
+    """Every node that blames somebody names roots among its own ranks: they do not compete,
+    each node judged its own (every rank stuck in its data loader, on every node): the
+    culprit is all of them."""
+    held = {i.node: set(_ints(i.summary.get("local_ranks"))) for i in incidents}
+    if len(pool) < 2 or not all(c.cause in ROOTS and set(c.ranks) <= held.get(c.node, set())
+                                for c in pool):
+        return None
+    ranks = tuple(sorted({r for c in pool for r in c.ranks}))
+    return Culprit(ranks, pool[0].cause, "; ".join(c.text for c in pool),
+                   tuple(c.node for c in pool), True,
+                   (f"each of {len(pool)} nodes names roots among its own ranks",))
 
 
 def _claims(incidents: list[NodeIncident]) -> list[_Claim]:
