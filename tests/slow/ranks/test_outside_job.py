@@ -34,7 +34,7 @@ def plain_env() -> dict[str, str]:
 
 def get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response) if url.endswith("ranks") else response.read().decode()
+        return json.load(response) if "/api/v1/" in url else response.read().decode()
 
 
 def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> None:
@@ -46,7 +46,8 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
         serve = subprocess.Popen(ns.command([
             sys.executable, "-m", "llmmon", "serve", f"--web.listen-address=127.0.0.1:{port}",
             f"--spool.dir={tmp_path / 'spool'}", f"--collector.ranks.fr-dir={tmp_path / 'fr'}",
-            f"--collector.ranks.pipe-dir={tmp_path / 'pipe'}"]),
+            f"--collector.ranks.pipe-dir={tmp_path / 'pipe'}",
+            f"--collector.incidents.dir={tmp_path / 'incidents'}"]),
             cwd=tmp_path, stdout=serve_log, stderr=subprocess.STDOUT)
         job = subprocess.Popen(ns.command([
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
@@ -69,6 +70,10 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
 
             hung = wait_for(stalled, 400, "the job's hang named from its stacks",
                             interval=1.0, context=lambda: (seen[-1:], job.poll(), serve.poll()))
+            # the daemon kept the hang as an incident, with the stacks it read from outside
+            incident = wait_for(lambda: next(iter(get(url + "/api/v1/incidents")["incidents"]),
+                                             None), 60, "the job's incident")
+            stacks = get(f"{url}/api/v1/incidents/{incident['id']}/files/stacks.json")
             exposition = get(url + "/metrics")
             diagnosed = subprocess.run(
                 [sys.executable, "-m", "llmmon", "diagnose", "--ranks", "--url", url],
@@ -102,3 +107,9 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
     assert f'llmmon_rank_info{{job_id="{job_id}",local_rank="1"' in exposition
     assert diagnosed.stdout.count("[CRIT]") == 1, diagnosed.stdout
     assert "rank 1" in diagnosed.stdout and "load_next_batch" in diagnosed.stdout
+    assert incident["job_id"] == hung["job_id"] and incident["trigger"] == "stalled"
+    assert incident["culprit"]["ranks"] == [1] and incident["culprit"]["cause"] == "stack_root"
+    assert incident["dumps"] == {"0": "no pipe", "1": "no pipe", "2": "no pipe"}  # no reporter
+    culprit = stacks["ranks"]["1"]
+    assert culprit["source"] == "py-spy" and culprit["state"] == "sleeping", culprit
+    assert any(f["function"] == "load_next_batch" for f in culprit["frames"]), culprit
