@@ -290,6 +290,10 @@ def bench(selected: list[FaultClass], parallel: int, work: Path,
                         run.job.__exit__()
                         active.remove(run)
                         results.append(run.result())
+                        kept = {i["id"] for found in cluster.incidents().values()
+                                for i in found}
+                        results[-1]["withdrawn"] = sorted(
+                            node for node, i in run.incidents.items() if i["id"] not in kept)
                         if run.fault.incident:
                             try:
                                 results[-1]["merged"] = merged_report(cluster, run)
@@ -389,14 +393,15 @@ def incident_row(r: dict[str, Any]) -> str:
         f"{', '.join(map(str, i['culprit'] or [])) or '–'} ({i['cause'] or '–'}), "
         f"{(i.get('capture') or {}).get('cpu_seconds', 0):.3f}"
         for node, i in sorted(r.get("incidents", {}).items())) or "–"
-    false = len(r.get("incidents", {})) if r["must_not_page"] else 0
+    withdrawn = len(r.get("withdrawn", []))  # waiting incidents whose job completed again
+    false = len(r.get("incidents", {})) - withdrawn if r["must_not_page"] else 0
     merged = r.get("merged") or {}
     said = merged.get("error") or (
         f"{', '.join(map(str, merged['ranks'])) or '–'} ({merged.get('cause') or '–'})"
         if merged else "–")
     same = _yn(merged.get("same_as_page")) if "same_as_page" in merged else "–"
     return (f"| {r['class']} | {_s(r.get('incident_every_node_s'))} | {nodes} | {said} | "
-            f"{same} | {false} |")
+            f"{same} | {false}" + (f" ({withdrawn} withdrawn)" if withdrawn else "") + " |")
 
 
 def write_doc(results: list[dict[str, Any]], metas: list[dict[str, Any]]) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmmon.incidents import layout
+from llmmon.incidents import capture, layout
 from llmmon.incidents.capture import CounterRing
 from llmmon.incidents.recorder import Limits, Recorder, Sources
 from llmmon.ranks import stall
@@ -78,3 +78,30 @@ def test_a_directory_the_daemon_cannot_write_is_a_clear_error_and_a_count(
     assert record.exc_info is None  # one line, no traceback
     assert f"could not be written under {blocked} (--collector.incidents.dir)" in \
         record.getMessage()
+
+
+def test_a_job_that_only_waited_for_another_node_and_completes_again_withdraws_it(
+        tmp_path: Path) -> None:
+    """Ranks 0-2 here wait for rank 3, on another node, past the learned threshold: the
+    incident is kept while they wait; once the job completes again, that rank was busy (a
+    checkpoint), and the incident goes."""
+    spool, written = staged(tmp_path, "nccl4")
+    for path in (spool / "llama-8b").glob("rank_3.*"):
+        path.unlink()  # rank 3 is another node's
+    ranks = make_collector(spool, tmp_path, stale_after="1h")
+    scrape(ranks, written)
+    calm = ranks.latest()  # the job here, nothing waiting yet
+    scrape(ranks, written + 90)
+    waiting = ranks.latest()
+    assert [capture.trigger(job) for job in (*calm.jobs, *waiting.jobs)] == [None, "waiting"]
+    root = tmp_path / "incidents"
+    recorder = _recorder(root, tmp_path, written + 90)
+    assert recorder.observe(waiting) == ["llama-8b"]
+    assert recorder.wait(30)
+    [kept] = _kept(root)
+    summary = json.loads((root / kept / layout.SUMMARY).read_text())
+    assert (summary["trigger"], summary["culprit"]["cause"]) == ("waiting", "remote")
+    assert recorder.observe(waiting) == [] and _kept(root) == [kept]  # still waiting: kept
+    assert recorder.observe(calm) == []  # it completes again
+    assert _kept(root) == [] and recorder.snapshot().withdrawn == 1
+    assert recorder.snapshot().newest == {}

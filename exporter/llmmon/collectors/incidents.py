@@ -31,6 +31,10 @@ WRITTEN = MetricSpec("llmmon_incidents_written_total", "counter",
 FAILED = MetricSpec("llmmon_incidents_failed_total", "counter",
                     "Incidents that could not be written (see the log: a full disk, no "
                     "permission on --collector.incidents.dir).")
+WITHDRAWN = MetricSpec(
+    "llmmon_incidents_withdrawn_total", "counter",
+    "Waiting incidents removed because their job completed again: its ranks here only waited "
+    "for a busy rank on another node (a checkpoint), which was no hang.")
 KEPT = MetricSpec("llmmon_incidents_kept", "gauge", "Incident directories kept on this node.")
 BYTES = MetricSpec("llmmon_incidents_bytes", "gauge", "Bytes of the incidents kept.")
 JOB_INCIDENT = MetricSpec(
@@ -44,7 +48,7 @@ class IncidentsCollector(Collector):
     description = ("Incident directories: a stalled or abnormally ended job's evidence (its "
                    "ranks, stacks, Flight Recorder dumps, GPU and network counters, kernel "
                    "log), written once per incident; at /api/v1/incidents and /incidents.")
-    specs = (WRITTEN, FAILED, KEPT, BYTES, JOB_INCIDENT)
+    specs = (WRITTEN, FAILED, WITHDRAWN, KEPT, BYTES, JOB_INCIDENT)
     options = (
         Option("dir", "str", layout.DEFAULT_DIR,
                "Where incidents are written, one directory each (mode 0750: the daemon's "
@@ -102,6 +106,7 @@ class IncidentsCollector(Collector):
         for trigger, count in sorted(written.by_trigger.items()):
             families.add(WRITTEN, [trigger], count)
         families.add(FAILED, [], written.failed)
+        families.add(WITHDRAWN, [], written.withdrawn)
         families.add(KEPT, [], written.kept)
         families.add(BYTES, [], written.bytes)
         for job_id, incident in sorted(written.newest.items()):

@@ -54,6 +54,7 @@ class Written:
 
     by_trigger: dict[str, int] = field(default_factory=lambda: {t: 0 for t in layout.TRIGGERS})
     failed: int = 0
+    withdrawn: int = 0  # waiting incidents of jobs that completed again
     kept: int = 0
     bytes: int = 0
     newest: dict[str, str] = field(default_factory=dict)  # job -> its newest incident here
@@ -70,6 +71,8 @@ class Recorder:
         self.clock = clock
         self.written = Written()
         self._open: dict[str, str] = {}  # job -> trigger of its open incident
+        self._waited: dict[str, str] = {}  # job -> its written incident while it only waits
+        self._recovered: set[str] = set()  # jobs whose waiting incident is to be withdrawn
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
@@ -79,15 +82,23 @@ class Recorder:
         now = self.clock()
         started = []
         current = {job.job_id: job for job in evidence.jobs}
+        withdrawn = []
         with self._lock:
             for job_id in list(self._open):
                 job = current.get(job_id)
                 if job is None or (capture.trigger(job) is None and job.end is None):
+                    if job is not None and self._open[job_id] == "waiting":
+                        self._recovered.add(job_id)  # it completes again: only a long wait
+                        withdrawn += [self._waited.pop(job_id)] if job_id in self._waited else []
                     del self._open[job_id]
             for job_id, job in current.items():
                 trigger = capture.trigger(job)
+                if trigger == "stalled" and self._open.get(job_id) == "waiting":
+                    self._open[job_id] = trigger  # judged stalled here too: kept for good
+                    self._waited.pop(job_id, None)
                 if trigger is None or job_id in self._open:
                     continue
+                self._recovered.discard(job_id)
                 self._open[job_id] = trigger
                 thread = threading.Thread(target=self._capture, args=(job, trigger, now),
                                           name=f"incident {job_id}", daemon=True)
@@ -95,7 +106,19 @@ class Recorder:
                 started.append(job_id)
         for job_id in started:
             self._threads[job_id].start()
+        for incident in withdrawn:
+            self._withdraw(incident)
         return started
+
+    def _withdraw(self, incident: str) -> None:
+        """Remove the incident of a job that only waited for another node's rank, and then
+        completed again: that rank was busy (a checkpoint), not hung."""
+        shutil.rmtree(os.path.join(self.root, incident), ignore_errors=True)
+        log.info("incident %s withdrawn: its job completed again (its ranks here only waited "
+                 "for a busy rank on another node)", incident)
+        with self._lock:
+            self.written.withdrawn += 1
+        self.prune()
 
     def wait(self, timeout: float) -> bool:
         """Tests and shutdown: whether every capture started so far has finished."""
@@ -122,7 +145,14 @@ class Recorder:
         with self._lock:
             self.written.by_trigger[trigger] += 1
             self.written.newest[job.job_id] = incident
-        self.prune()
+            recovered = trigger == "waiting" and job.job_id in self._recovered
+            if trigger == "waiting" and not recovered and \
+                    self._open.get(job.job_id) == "waiting":
+                self._waited[job.job_id] = incident
+        if recovered:  # the job completed again while the capture waited for its dumps
+            self._withdraw(incident)
+        else:
+            self.prune()
 
     def _failed(self) -> None:
         with self._lock:
@@ -233,7 +263,8 @@ class Recorder:
     def snapshot(self) -> Written:
         with self._lock:
             return Written(dict(self.written.by_trigger), self.written.failed,
-                           self.written.kept, self.written.bytes, dict(self.written.newest))
+                           self.written.withdrawn, self.written.kept, self.written.bytes,
+                           dict(self.written.newest))
 
 
 class _Budget:
