@@ -14,8 +14,7 @@ import pytest
 from llmmon.incidents import frtrace
 from tests.incidents.nodes import FIXTURES, MESH
 
-H200 = Path(__file__).parents[2] / ".." / "shared" / "fixtures" / "h200" / \
-    "nccl_flight_recorder.json"
+H200 = Path(__file__).parents[1] / "fixtures" / "nccl" / "h200_flight_recorder.json"
 
 
 MESH_LINES = [

@@ -102,13 +102,19 @@ class IncidentsCollector(Collector):
         evidence = self._evidence()
         recorder.observe(evidence)
         ctx.watching(len(evidence.jobs), "jobs")
+        # Only what there is to count: a node that never kept an incident adds no series (the
+        # budget node's 2,000 has no room for seven zeros); a counter appears at its first one.
         written = recorder.snapshot()
         for trigger, count in sorted(written.by_trigger.items()):
-            families.add(WRITTEN, [trigger], count)
-        families.add(FAILED, [], written.failed)
-        families.add(WITHDRAWN, [], written.withdrawn)
-        families.add(KEPT, [], written.kept)
-        families.add(BYTES, [], written.bytes)
+            if count:
+                families.add(WRITTEN, [trigger], count)
+        if written.failed:
+            families.add(FAILED, [], written.failed)
+        if written.withdrawn:
+            families.add(WITHDRAWN, [], written.withdrawn)
+        if written.kept:
+            families.add(KEPT, [], written.kept)
+            families.add(BYTES, [], written.bytes)
         for job_id, incident in sorted(written.newest.items()):
             families.add(JOB_INCIDENT, [job_id, incident], 1)
         return families

@@ -643,7 +643,8 @@ class RanksCollector(Collector):
                     if collective(op):
                         families.add(STACK_OP, [job.job_id, str(rank), op], 1)
         sampler = self.outside.sampler if self.outside else None
-        if sampler is not None:
+        if sampler is not None and any(sampler.counts.values()):
+            # a node whose every rank has the reporter pays no series for the py-spy sampler
             for result in ("taken", "failed", "over_budget"):
                 families.add(STACK_SAMPLES, [result], sampler.counts[result])
             families.add(STACK_CPU, [], sampler.cpu_seconds)

@@ -1,7 +1,8 @@
 """A real hang becomes one incident on the node, without anybody asking: rank 2 of a 3-rank gloo
 job stops issuing collectives; `llmmon serve` writes the job's evidence (its verdict, the
 ranks' stacks and environment, every rank's Flight Recorder dump, the kernel log since the
-stall) into one directory, once.
+stall) into one directory, once. An abnormal end's incident (a rank's exit or SIGKILL, on the
+culprit's node) is asserted with the fault benchmark's classes, tests/slow/faults/test_faults.py.
 """
 
 from __future__ import annotations
@@ -119,17 +120,3 @@ def test_a_hang_is_kept_once_with_its_dumps_stacks_and_environment(tmp_path: Pat
     assert 'llmmon_incidents_written_total{trigger="stalled"} 1.0' in metrics
     assert f'llmmon_job_incident_info{{incident="{incident.name}",job_id="{JOB}"}} 1.0' \
         in metrics
-
-
-def test_a_rank_that_exits_with_an_error_opens_an_incident_that_names_it(tmp_path: Path,
-                                                                        serve) -> None:
-    args = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", "300",
-            "--culprit", "1", "--exit-at", "60"]
-    found, metrics, logs = _served_job(tmp_path, serve, "quit", args)
-    [incident] = found
-    summary = json.loads((incident / "summary.json").read_text())
-    assert summary["trigger"] == "ended", logs[-3000:]
-    assert summary["culprit"] == {"ranks": [1], "cause": "ended",
-                                  "text": summary["end"]["summary"]}
-    assert "rank 1 exited first (code 3)" in summary["verdict"]
-    assert 'llmmon_incidents_written_total{trigger="ended"} 1.0' in metrics

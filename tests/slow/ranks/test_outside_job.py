@@ -47,6 +47,9 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
             sys.executable, "-m", "llmmon", "serve", f"--web.listen-address=127.0.0.1:{port}",
             f"--spool.dir={tmp_path / 'spool'}", f"--collector.ranks.fr-dir={tmp_path / 'fr'}",
             f"--collector.ranks.pipe-dir={tmp_path / 'pipe'}",
+            # the ceiling, should the job's still periods not be learned in time: its hang is
+            # named either way, a minute sooner than at the shipped 180 s
+            "--collector.ranks.stall-after=60s",
             f"--collector.incidents.dir={tmp_path / 'incidents'}"]),
             cwd=tmp_path, stdout=serve_log, stderr=subprocess.STDOUT)
         job = subprocess.Popen(ns.command([
@@ -73,7 +76,7 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
             # the daemon kept the hang as an incident, with the stacks it read from outside
             incident = wait_for(lambda: next(iter(get(url + "/api/v1/incidents")["incidents"]),
                                              None), 60, "the job's incident")
-            stacks = get(f"{url}/api/v1/incidents/{incident['id']}/files/stacks.json")
+            kept = get(f"{url}/api/v1/incidents/{incident['id']}/files/stacks.json")
             exposition = get(url + "/metrics")
             diagnosed = subprocess.run(
                 [sys.executable, "-m", "llmmon", "diagnose", "--ranks", "--url", url],
@@ -110,6 +113,6 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
     assert incident["job_id"] == hung["job_id"] and incident["trigger"] == "stalled"
     assert incident["culprit"]["ranks"] == [1] and incident["culprit"]["cause"] == "stack_root"
     assert incident["dumps"] == {"0": "no pipe", "1": "no pipe", "2": "no pipe"}  # no reporter
-    culprit = stacks["ranks"]["1"]
+    culprit = kept["ranks"]["1"]
     assert culprit["source"] == "py-spy" and culprit["state"] == "sleeping", culprit
     assert any(f["function"] == "load_next_batch" for f in culprit["frames"]), culprit
