@@ -7,6 +7,7 @@ both agree on device names, netdevs and the parsing of `state`, `phys_state` and
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from llmmon.counters import check_count
 from llmmon.sources.fs import RootedFS, SourceError
@@ -14,6 +15,11 @@ from llmmon.sources.fs import RootedFS, SourceError
 CLASS = "class/infiniband"
 _STATE = re.compile(r"^\s*(\d+)\s*:")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+ACTIVE = 4  # the `state` id of an ACTIVE port, the only state NCCL uses a port in
+# mlx5 RoCE tables hold 255 entries, InfiniBand ones 128: the cap only bounds a broken sysfs.
+MAX_GIDS = 512
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+ROCE_V2 = "RoCE v2"
 
 
 def devices(sysfs: RootedFS) -> list[str]:
@@ -70,3 +76,68 @@ def port_netdev(sysfs: RootedFS, device: str, port: str) -> str:
     except SourceError:
         return ""
     return names[0] if len(names) == 1 else ""
+
+
+def link_layer(sysfs: RootedFS, device: str, port: str) -> str:
+    """`InfiniBand` or `Ethernet` (RoCE); '' when the attribute is missing (old kernels)."""
+    try:
+        return sysfs.read_value(CLASS, device, "ports", port, "link_layer")
+    except SourceError:
+        return ""
+
+
+def port_state(sysfs: RootedFS, device: str, port: str) -> int:
+    """The logical state id (4 ACTIVE); raises SourceError when unreadable or malformed."""
+    text = sysfs.read_value(CLASS, device, "ports", port, "state")
+    try:
+        return parse_state(text)
+    except ValueError as exc:
+        raise SourceError(f"{sysfs.path(CLASS, device, 'ports', port, 'state')}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Gid:
+    """One used entry of a port's GID table, as the kernel shows it.
+
+    `address` is the kernel's text (eight groups of four hex digits, `%pI6`); `type` is
+    `RoCE v2`, `IB/RoCE v1`, or '' when the kernel would not say (EINVAL, empty read).
+    """
+
+    index: int
+    address: str
+    type: str
+
+    @property
+    def ipv4_mapped(self) -> bool:
+        """`::ffff:a.b.c.d`: the entry RoCE v2 routes over IPv4 (NCCL's default family)."""
+        return self.address.startswith("0000:0000:0000:0000:0000:ffff:")
+
+    @property
+    def link_local(self) -> bool:
+        """fe80::/64, the entry every RoCE netdev has: not routable beyond one L2 segment."""
+        return self.address.startswith("fe80:0000:0000:0000:")
+
+
+def gids(sysfs: RootedFS, device: str, port: str) -> list[Gid]:
+    """The port's used GID entries in index order, at most MAX_GIDS of them.
+
+    The kernel lists every slot of the table: an unused one reads as the all-zero GID in
+    `gids/<i>` and fails with EINVAL in `gid_attrs/types/<i>`; both mean "no entry" here.
+    A slot whose type cannot be read keeps its address with type ''.
+    """
+    base = (CLASS, device, "ports", port)
+    indexes = sorted((int(i) for i in sysfs.listdir(*base, "gids") if i.isdigit()))
+    table = []
+    for index in indexes[:MAX_GIDS]:
+        try:
+            address = sysfs.read_value(*base, "gids", str(index)).lower()
+        except SourceError:
+            continue
+        if not address or address == ZERO_GID:
+            continue
+        try:
+            kind = sysfs.read_value(*base, "gid_attrs", "types", str(index))
+        except SourceError:
+            kind = ""
+        table.append(Gid(index, address[:64], kind[:32]))
+    return table
