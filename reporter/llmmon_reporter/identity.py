@@ -84,4 +84,16 @@ def identity(env: Mapping[str, str], rank: int, world_size: int) -> dict[str, An
         "uuid": "",
         "gpu_name": "",
         "allocator_config": env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF", ""),
+        "nccl_env": nccl_env(env),
     }
+
+
+MAX_NCCL_VARIABLES = 64
+MAX_NCCL_VALUE = 512
+
+
+def nccl_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The rank's NCCL_* variables, for the daemon's NCCL checks where it cannot read
+    /proc/<pid>/environ (no CAP_SYS_PTRACE); bounded."""
+    names = sorted(k for k in env if k.startswith("NCCL_"))[:MAX_NCCL_VARIABLES]
+    return {k: env[k][:MAX_NCCL_VALUE] for k in names}

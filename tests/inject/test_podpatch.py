@@ -95,3 +95,22 @@ def test_copy_reporter_never_fails_the_pod(tmp_path: Path):
     assert done.returncode == 0
     assert "training runs without the reporter" in done.stderr
     assert "cannot prepare" in done.stderr
+
+
+def test_nccl_log_goes_to_the_dump_directory_unless_the_container_may_set_nccl_debug():
+    pod, job = OWNERS["volcano"]
+    container = pod["spec"]["containers"][0]
+    owner = job_owner("team-a", pod["metadata"])
+    injected = {e["name"]: e.get("value") for e in container_env(container, owner, SETTINGS)}
+    assert injected["NCCL_DEBUG"] == "INFO"
+    assert injected["NCCL_DEBUG_FILE"] == f"{SETTINGS.fr_dir}/{job}/nccl.%h.%p.log"
+    # envFrom (a ConfigMap) may set NCCL_DEBUG where the webhook cannot see it
+    with_env_from = {**container, "envFrom": [{"configMapRef": {"name": "nccl"}}]}
+    names = {e["name"] for e in container_env(with_env_from, owner, SETTINGS)}
+    assert not names & {"NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS"}
+    own = {**container, "env": [*(container.get("env") or []),
+                                {"name": "NCCL_DEBUG", "value": "WARN"}]}
+    env = {e["name"]: e.get("value") for e in container_env(own, owner, SETTINGS)}
+    assert env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG_FILE" not in env
+    off = Settings(image=IMAGE, nccl_log=False)
+    assert "NCCL_DEBUG" not in {e["name"] for e in container_env(container, owner, off)}

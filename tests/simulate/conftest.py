@@ -39,14 +39,17 @@ class Exposition:
         return [v for (n, _), v in self.samples.items() if n == name]
 
 
-def expose(node: NodeSim, *flags: str) -> Exposition:
-    """Run every collector of `llmmon serve` once over the node's trees."""
+def expose(node: NodeSim, *flags: str, rounds: int = 1) -> Exposition:
+    """Run every collector of `llmmon serve` `rounds` times over the node's trees (the
+    collectors that work from the ranks collector's verdicts, incidents and nccl, see them
+    from the second round on)."""
     args = build_parser().parse_args(["serve", *node.paths.serve_args(), "--collector.topology",
                                       *flags])
     daemon = build(build_settings(args, discover()))
     try:
-        for collector in daemon.collectors:
-            daemon.sampler.run_once(collector)
+        for _ in range(rounds):
+            for collector in daemon.collectors:
+                daemon.sampler.run_once(collector)
         text = daemon.sampler.body(openmetrics=False, compressed=False).decode()
         ranks = next(c for c in daemon.collectors if c.name == "ranks").api()["ranks"]()
         states = {s["name"]: s for s in daemon.sampler.snapshot_json()}

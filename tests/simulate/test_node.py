@@ -36,9 +36,9 @@ def test_healthy_node_reads_cleanly_with_h200_magnitudes(work: Path) -> None:
     node = ticked(work).nodes[0]
     exposed = expose(node)
     watched = {name: state["watched"] for name, state in exposed.collectors.items()}
-    # incidents runs before ranks here: no verdict to watch yet
-    assert watched == {"disk": 6, "gpu": 8, "incidents": 0, "netdev": 9, "nic": 8, "ranks": 8,
-                       "rdma": 8, "topology": 64}
+    # incidents and nccl run before ranks here: no verdict to watch yet
+    assert watched == {"disk": 6, "gpu": 8, "incidents": 0, "nccl": 0, "netdev": 9, "nic": 8,
+                       "ranks": 8, "rdma": 8, "topology": 64}
     assert {name: state["errors_total"] for name, state in exposed.collectors.items()} == \
         dict.fromkeys(watched, 0)
     assert all(600 < watts < 760 for watts in exposed.values("llmmon_gpu_power_watts"))

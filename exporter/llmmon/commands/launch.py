@@ -55,11 +55,12 @@ def resolve_job(given: str | None, env: Mapping[str, str], command: list[str]) -
 
 
 def environment(env: Mapping[str, str], job: str, spool: str, fr_dir: str, pipe_dir: str,
-                fr_buffer: int, timing: bool, dump_on_timeout: bool) -> dict[str, str]:
+                fr_buffer: int, timing: bool, dump_on_timeout: bool,
+                nccl_log: bool = True) -> dict[str, str]:
     """The command's environment: ours added, the user's own settings kept (the webhook
     applies the same function to a pod's containers)."""
     return trainerenv.environment(env, job, spool, fr_dir, pipe_dir, fr_buffer, timing,
-                                  dump_on_timeout, BOOT_DIR)
+                                  dump_on_timeout, BOOT_DIR, nccl_log)
 
 
 def _prepare_dirs(env: Mapping[str, str], spool: str) -> None:
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     job = resolve_job(args.job, os.environ, command)
     env = environment(os.environ, job, args.spool, args.fr_dir, args.pipe_dir, args.fr_buffer,
-                      args.timing, not args.no_dump_on_timeout)
+                      args.timing, not args.no_dump_on_timeout, not args.no_nccl_log)
     if args.print_env:
         for key in sorted(set(env) - set(os.environ) | {"PYTHONPATH"}):
             print(f"{key}={env[key]}")
@@ -115,6 +116,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         f"{TIMING_COST}")
     parser.add_argument("--no-dump-on-timeout", action="store_true",
                         help="Do not set TORCH_NCCL_DUMP_ON_TIMEOUT=1.")
+    parser.add_argument("--no-nccl-log", action="store_true",
+                        help="Do not write NCCL's INFO log to a file in the dump directory (set "
+                        "only when the job sets neither NCCL_DEBUG nor NCCL_DEBUG_FILE; the "
+                        "daemon reads the transport NCCL chose from it).")
     parser.add_argument("--print-env", action="store_true",
                         help="Print the variables that would be set, and exit.")
     parser.add_argument("command", nargs=argparse.REMAINDER,

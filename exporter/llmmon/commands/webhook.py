@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     logs.setup("info", args.log_format)
     settings = Settings(image=args.image, reporter_dir=args.reporter_dir, spool=args.spool,
-                        pipe_dir=args.pipe_dir, fr_dir=args.fr_dir, fr_buffer=args.fr_buffer)
+                        pipe_dir=args.pipe_dir, fr_dir=args.fr_dir, fr_buffer=args.fr_buffer,
+                        nccl_log=not args.no_nccl_log)
     host, port = args.listen
     try:
         return server.run(settings, host, port, args.tls_cert_file, args.tls_key_file)
@@ -67,6 +68,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="Flight Recorder dumps host path (default %(default)s)")
     parser.add_argument("--fr-buffer", type=int, default=2000, metavar="N",
                         help="Flight Recorder ring size in entries (default %(default)s)")
+    parser.add_argument("--no-nccl-log", action="store_true",
+                        help="Do not point NCCL's INFO log at a file in the dump directory "
+                        "(done only for containers that set neither NCCL_DEBUG, NCCL_DEBUG_FILE "
+                        "nor envFrom)")
     parser.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"),
                         default="logfmt")
     parser.set_defaults(func=run)

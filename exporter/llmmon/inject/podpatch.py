@@ -42,6 +42,7 @@ class Settings:
     pipe_dir: str = layout.DEFAULT_PIPE_DIR
     fr_dir: str = layout.DEFAULT_FR_DIR
     fr_buffer: int = 2000
+    nccl_log: bool = True  # NCCL's INFO log to a file, where the container sets no NCCL_DEBUG
 
     @property
     def boot_dir(self) -> str:
@@ -107,7 +108,9 @@ def container_env(container: Mapping[str, Any], owner: Owner,
     wanted = trainerenv.environment(
         seen, _JOB_MARK if by_reference else job, seen.get("LLMMON_SPOOL", settings.spool),
         settings.fr_dir, settings.pipe_dir, settings.fr_buffer, timing=False,
-        dump_on_timeout=True, boot_dir=settings.boot_dir)
+        dump_on_timeout=True, boot_dir=settings.boot_dir,
+        # envFrom may set NCCL_DEBUG where the webhook cannot see it: leave NCCL's log alone
+        nccl_log=settings.nccl_log and not container.get("envFrom"))
     if by_reference:
         wanted = {k: v.replace(_JOB_MARK, "$(LLMMON_JOB)") for k, v in wanted.items()}
     _prepend_boot(env, settings.boot_dir, bool(container.get("envFrom")))

@@ -12,11 +12,21 @@ from typing import Iterable, Mapping
 from llmmon_reporter import layout
 
 
+# NCCL's log, for the transport it chose (`NET/IB : Using ...`, `via NET/IB/0/GDRDMA`): INIT
+# covers those lines and ENV the settings NCCL applied (nccl.conf's included), a few hundred
+# lines per communicator. %p keeps ranks apart; %h keeps nodes apart on a shared directory.
+NCCL_LOG_NAME = "nccl.%h.%p.log"
+NCCL_LOG_SUBSYS = "INIT,ENV"
+
+
 def environment(env: Mapping[str, str], job: str, spool: str, fr_dir: str, pipe_dir: str,
                 fr_buffer: int, timing: bool, dump_on_timeout: bool,
-                boot_dir: str) -> dict[str, str]:
+                boot_dir: str, nccl_log: bool) -> dict[str, str]:
     """`env` with ours added; the user's own settings are kept, and `boot_dir` (the reporter's
-    start-up hook) goes first on PYTHONPATH, once."""
+    start-up hook) goes first on PYTHONPATH, once.  With `nccl_log`, a job that sets neither
+    NCCL_DEBUG nor NCCL_DEBUG_FILE (so NCCL prints nothing) writes NCCL's INFO log to a file in
+    its dump directory, for the daemon's nccl collector; a job's own NCCL_DEBUG is never
+    changed."""
     out = dict(env)
     out["LLMMON_JOB"] = job
     out["LLMMON_SPOOL"] = spool
@@ -33,6 +43,10 @@ def environment(env: Mapping[str, str], job: str, spool: str, fr_dir: str, pipe_
     out.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1" if dump_on_timeout else "0")
     if timing:
         out["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    if nccl_log and not out.get("NCCL_DEBUG") and not out.get("NCCL_DEBUG_FILE"):
+        out["NCCL_DEBUG"] = "INFO"
+        out.setdefault("NCCL_DEBUG_SUBSYS", NCCL_LOG_SUBSYS)
+        out["NCCL_DEBUG_FILE"] = os.path.join(os.path.dirname(dump_prefix), NCCL_LOG_NAME)
     out["PYTHONPATH"] = first_on_path(boot_dir, out.get("PYTHONPATH", ""))
     return out
 

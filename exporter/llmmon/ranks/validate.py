@@ -52,6 +52,8 @@ LABEL_RULES: dict[str, tuple[re.Pattern[str], int]] = {
     "allocator_config": (re.compile(r"[^A-Za-z0-9_.:,=+-]"), 256),
 }
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]{1,64}")
+MAX_NCCL_VARIABLES = 64  # NCCL documents about a hundred; a rank sets a handful
 
 
 class SchemaError(Exception):
@@ -151,6 +153,8 @@ class Identity:
     gpu_name: str
     allocator_config: str
     start_ticks: int = 0  # /proc/<pid>/stat starttime: tells this process from a reused pid
+    # the rank's NCCL_* variables as its reporter sends them; None: not sent (no reporter)
+    nccl_env: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -315,7 +319,18 @@ def _identity(raw: Any, notes: Notes) -> Identity:
         gpu_name=text(doc.get("gpu_name", ""), "gpu_name"),
         allocator_config=label(doc.get("allocator_config", ""), "allocator_config", notes),
         start_ticks=_int(doc.get("start_ticks", 0), "start_ticks"),
+        nccl_env=None if doc.get("nccl_env") is None else _nccl_env(doc["nccl_env"]),
     )
+
+
+def _nccl_env(raw: Any) -> tuple[tuple[str, str], ...]:
+    """NCCL_* names and their values; other names are dropped, and the count is capped."""
+    doc = _obj(raw, "nccl_env")
+    out = []
+    for name, value in list(doc.items())[:MAX_NCCL_VARIABLES]:
+        if isinstance(name, str) and _NCCL_NAME.fullmatch(name):
+            out.append((name, text(value, name)))
+    return tuple(sorted(out))
 
 
 def _health(raw: Any) -> Health:

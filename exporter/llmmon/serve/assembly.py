@@ -13,6 +13,7 @@ from llmmon import __version__
 from llmmon.collector import Collector, Environment
 from llmmon.collectors import discover
 from llmmon.collectors.incidents import IncidentsCollector
+from llmmon.collectors.nccl import NcclCollector
 from llmmon.collectors.ranks import RanksCollector
 from llmmon.config import Settings
 from llmmon.diagnose import Diagnoser
@@ -55,16 +56,20 @@ def build(settings: Settings, restarts: int | None = None) -> Daemon:
                     ", ".join(users) or "none enabled")
     sampler = Sampler(collectors, __version__, settings["sampler.max_staleness"],
                       settings["sampler.series_budget"], restarts, digest=digest)
-    _attach_incidents(collectors, sampler)
+    _attach_to_ranks(collectors, sampler)
     return Daemon(collectors, sampler, Diagnoser(sampler))
 
 
-def _attach_incidents(collectors: list[Collector], sampler: Sampler) -> None:
-    """The incidents collector judges with the ranks collector's verdicts and the sampler's
-    digests; collectors never import each other, so they meet here."""
+def _attach_to_ranks(collectors: list[Collector], sampler: Sampler) -> None:
+    """The incidents and nccl collectors work from the ranks collector's verdicts and the
+    sampler's digests; collectors never import each other, so they meet here."""
     by_name = {c.name: c for c in collectors}
-    incidents, ranks = by_name.get("incidents"), by_name.get("ranks")
-    if not isinstance(incidents, IncidentsCollector) or not isinstance(ranks, RanksCollector):
+    ranks = by_name.get("ranks")
+    if not isinstance(ranks, RanksCollector):
         return
-    incidents.attach(ranks.latest, ranks.config["fr_dir"], ranks.config["pipe_dir"],
-                     sampler.digests)
+    incidents, nccl = by_name.get("incidents"), by_name.get("nccl")
+    if isinstance(incidents, IncidentsCollector):
+        incidents.attach(ranks.latest, ranks.config["fr_dir"], ranks.config["pipe_dir"],
+                         sampler.digests)
+    if isinstance(nccl, NcclCollector):
+        nccl.attach(ranks.latest, ranks.config["fr_dir"], sampler.digests)

@@ -12,6 +12,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from llmmon.simulate.nccl_files import NcclCondition
+
 # Clock-event reason bits (nvmlClocksEventReason*).
 GPU_IDLE = 0x1
 SW_POWER_CAP = 0x4
@@ -68,6 +70,7 @@ class NodeCondition:
     io_pressure_full: float = 0.0
     tcp_bytes: float = 2e6  # management netdev, per second each way
     gpudirect: bool = True
+    nccl: NcclCondition = field(default_factory=NcclCondition)
 
 
 class Counters:

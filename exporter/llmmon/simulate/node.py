@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmmon.simulate import nic_files, proc_files, sysfs_files
+from llmmon.simulate import nccl_files, nic_files, proc_files, sysfs_files
 from llmmon.simulate.conditions import (
     Counters,
     DiskCondition,
@@ -144,9 +144,15 @@ class NodeSim:
         self.procfs.write("pressure/io", self.pressure.render(
             cond.io_pressure_some, cond.io_pressure_full, self.counters, seconds))
         pod = pod_name(job, self.name)
+        env = nccl_files.environment(self.layout, pod, cond.nccl)
+        nodes = len({r.node for r in job.ranks})
         for rank in ranks.values():
             proc_files.write_cgroup(self.procfs, rank.pid, self.pod_uid(pod),
                                     _hex("container", pod, rank.rank, rank.pid, length=64))
+            self.procfs.write(f"{rank.pid}/environ", nccl_files.environ_bytes(env))
+            self.procfs.write(f"{rank.pid}/root{nccl_files.log_path(pod, rank.pid)}",
+                              nccl_files.log(self.layout, pod, rank.pid, rank.local_rank,
+                                             rank.rank, job.world_size, nodes, cond.nccl))
         self.spool.write(job, list(ranks.values()), now)  # none: the job's logs are closed
 
     @staticmethod

@@ -21,6 +21,7 @@ from llmmon.simulate.conditions import (
     DiskCondition,
     NodeCondition,
 )
+from llmmon.simulate.nccl_files import NcclCondition
 from llmmon.simulate.job import GIB, INACTIVE_SPLIT, RESERVED, Job, JobEffects
 from llmmon.simulate.hardware import NodeLayout
 
@@ -287,7 +288,138 @@ class NvlinkDegrading(Scenario):
         node.gpus[self.gpu].nvlink_errors = self.params["rate"]
 
 
+class _NcclScenario(Scenario):
+    """One item of the NCCL checklist gone wrong on the node (the checks need a job that
+    spans nodes for the network ones: `--nodes 2`)."""
+
+    check: ClassVar[str]  # the llmmon_job_nccl_misconfigured check it trips
+    alerts = ("NCCLMisconfigured",)
+
+    def condition(self, node: NodeCondition, tick: Tick) -> None:
+        self.bend(node, node.nccl)
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        raise NotImplementedError
+
+
+class NcclTransportSocket(_NcclScenario):
+    name, check = "nccl-transport-socket", "transport_socket"
+    help = ("NCCL falls back to sockets (the RDMA devices are not in the pod): its log says "
+            "NET/Socket, the RDMA ports carry nothing but the job's traffic crosses TCP.")
+    alerts = ("NCCLNotUsingRDMA", "NCCLMisconfigured")
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.net, nccl.gdr = "Socket", False
+
+
+class NcclIbDisabled(_NcclScenario):
+    name, check = "nccl-ib-disabled", "ib_disabled"
+    help = "NCCL_IB_DISABLE=1 on a RoCE node: NCCL uses sockets."
+    alerts = ("NCCLNotUsingRDMA", "NCCLMisconfigured")
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_DISABLE"] = "1"
+        nccl.net, nccl.gdr = "Socket", False
+
+
+class NcclIbHcaUnknown(_NcclScenario):
+    name, check = "nccl-ib-hca-unknown", "ib_hca_unknown"
+    help = ("NCCL_IB_HCA lists every rail and a device the node does not have (mlx5_bond_0, "
+            "left from another node type).")
+
+    def bind(self, job: Job, layout: NodeLayout) -> None:
+        self.rails = [f"{nic.device}:1" for nic in layout.nics]
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_HCA"] = "=" + ",".join([*self.rails, "mlx5_bond_0:1"])
+
+
+class NcclIbHcaMissingRail(_NcclScenario):
+    name, check = "nccl-ib-hca-missing-rail", "ib_hca_missing_rail"
+    help = "NCCL_IB_HCA lists all rails but the last: one NIC's bandwidth is never used."
+
+    def bind(self, job: Job, layout: NodeLayout) -> None:
+        self.rails = [f"{nic.device}:1" for nic in layout.nics]
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_HCA"] = "=" + ",".join(self.rails[:-1])
+
+
+class NcclGidIndexUnset(_NcclScenario):
+    name, check = "nccl-gid-index-unset", "gid_index_unset"
+    help = ("NCCL_IB_GID_INDEX unset on RoCE ports under NCCL 2.19: before 2.21 NCCL then "
+            "takes GID 0, the link-local RoCE v1 entry (2.21 and later pick a RoCE v2 one).")
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_GID_INDEX"] = None
+        nccl.version = "2.19.3+cuda12.3"
+
+
+class NcclGidIndexNotRocev2(_NcclScenario):
+    name, check = "nccl-gid-index-not-rocev2", "gid_index_not_rocev2"
+    help = "NCCL_IB_GID_INDEX=2: the IPv4 GID of RoCE v1, which routed fabrics drop."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_GID_INDEX"] = "2"
+
+
+class NcclSocketIfnameDown(_NcclScenario):
+    name, check = "nccl-socket-ifname-down", "socket_ifname_down"
+    help = "NCCL_SOCKET_IFNAME=eth0 on a node whose interfaces are eno1 and the RoCE ports."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_SOCKET_IFNAME"] = "eth0"
+
+
+class NcclGdrUnavailable(_NcclScenario):
+    name, check = "nccl-gdr-unavailable", "gdr_unavailable"
+    help = ("nvidia_peermem is not loaded (and no DMA-BUF): network channels go through "
+            "host memory.")
+    alerts = ("GPUDirectRDMADisabled", "NCCLMisconfigured")
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        node.gpudirect, nccl.gdr = False, False
+
+
+class NcclGdrLevelBlocks(_NcclScenario):
+    name, check = "nccl-gdr-level-blocks", "gdr_level_blocks"
+    help = "NCCL_NET_GDR_LEVEL=LOC: GPUDirect RDMA off although every GPU has a NIC on its switch."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_NET_GDR_LEVEL"] = "LOC"
+        nccl.gdr = False
+
+
+class NcclP2pDisabled(_NcclScenario):
+    name, check = "nccl-p2p-disabled", "p2p_disabled"
+    help = "NCCL_P2P_DISABLE=1: GPUs of the node talk through host memory, not NVLink."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_P2P_DISABLE"] = "1"
+
+
+class NcclShmDisabled(_NcclScenario):
+    name, check = "nccl-shm-disabled", "shm_disabled"
+    help = "NCCL_SHM_DISABLE=1."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_SHM_DISABLE"] = "1"
+
+
+class NcclSingleQp(_NcclScenario):
+    name, check = "nccl-single-qp-multi-rail", "single_qp_multi_rail"
+    help = "NCCL_IB_QPS_PER_CONNECTION unset (one QP per connection) on an 8-rail node."
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        nccl.env["NCCL_IB_QPS_PER_CONNECTION"] = None
+        nccl.env["NCCL_IB_SPLIT_DATA_ON_QPS"] = None
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls for cls in (Healthy, Starvation, Hang, Straggler, Thermal, PfcStorm, Oom,
                               Fp16, LinkFlap, GpuLost, PcieDowntrain, RowRemap,
-                              NvlinkDegrading)}
+                              NvlinkDegrading, NcclTransportSocket, NcclIbDisabled,
+                              NcclIbHcaUnknown, NcclIbHcaMissingRail, NcclGidIndexUnset,
+                              NcclGidIndexNotRocev2, NcclSocketIfnameDown, NcclGdrUnavailable,
+                              NcclGdrLevelBlocks, NcclP2pDisabled, NcclShmDisabled,
+                              NcclSingleQp)}

@@ -40,6 +40,7 @@ HW_COUNTERS = (
     "rx_read_requests", "rx_write_requests",
 )
 NETDEV_COUNTERS = ("carrier_changes",)
+GID_TABLE = 16  # entries of a port's GID table written (mlx5 has 255; the rest are unused)
 
 
 def _pci_function(tree: Tree, path: str, vendor: str, klass: str, device: str, numa: int,
@@ -92,6 +93,7 @@ def build(tree: Tree, layout: NodeLayout) -> None:
                             ("sm_lid", "0x0"), ("gid_attrs/ndevs/0", nic.netdev)):
             tree.write(f"{port}/{name}", value + "\n")
         tree.write(f"{port}/hw_counters/lifespan", "10\n")
+        _gid_table(tree, port, nic)
         net = f"{path}/net/{nic.netdev}"
         tree.write(f"{net}/mtu", f"{MTU_ROCE}\n")
         tree.link(f"{net}/device", path)
@@ -107,6 +109,22 @@ def build(tree: Tree, layout: NodeLayout) -> None:
     tree.write("devices/virtual/net/lo/operstate", "unknown\n")
     tree.link("class/net/lo", "devices/virtual/net/lo")
     tree.write("module/nvidia/initstate", "live\n")
+
+
+def _gid_table(tree: Tree, port: str, nic: Nic) -> None:
+    """A RoCE port's GIDs as mlx5 fills them: the link-local address as RoCE v1 (0) and v2
+    (1), the interface's IPv4 address as v1 (2) and v2 (3); the rest of the table unused
+    (all zeros, and no type: the kernel answers EINVAL)."""
+    mac = f"{nic.bus:02x}"
+    link_local = f"fe80:0000:0000:0000:0a5c:2bff:fe00:00{mac}"
+    ipv4 = f"0000:0000:0000:0000:0000:ffff:0a01:{nic.index + 1:04x}"
+    for index, (gid, kind) in enumerate(((link_local, "IB/RoCE v1"), (link_local, "RoCE v2"),
+                                          (ipv4, "IB/RoCE v1"), (ipv4, "RoCE v2"))):
+        tree.write(f"{port}/gids/{index}", gid + "\n")
+        tree.write(f"{port}/gid_attrs/types/{index}", kind + "\n")
+        tree.write(f"{port}/gid_attrs/ndevs/{index}", nic.netdev + "\n")
+    for index in range(4, GID_TABLE):
+        tree.write(f"{port}/gids/{index}", ":".join(["0000"] * 8) + "\n")
 
 
 def update(tree: Tree, layout: NodeLayout, ports: list[PortCondition], counters: Counters,

@@ -43,6 +43,19 @@ def test_what_the_user_set_is_kept_and_mirrored_to_the_other_name() -> None:
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
 
 
+def test_nccl_log_is_pointed_at_the_dump_directory_only_where_nccl_would_print_nothing() -> None:
+    env = env_for()
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,ENV")
+    assert env["NCCL_DEBUG_FILE"] == "/fr/job-1/nccl.%h.%p.log"
+    for own in ({"NCCL_DEBUG": "WARN"}, {"NCCL_DEBUG_FILE": "/mine/nccl.log"}):
+        kept = env_for(**own)
+        assert {k: kept.get(k) for k in own} == own
+        other = ({"NCCL_DEBUG", "NCCL_DEBUG_FILE"} - set(own)).pop()
+        assert other not in kept and "NCCL_DEBUG_SUBSYS" not in kept
+    assert "NCCL_DEBUG" not in environment({}, "j", "/s", "/f", "/p", 2000, timing=False,
+                                           dump_on_timeout=True, nccl_log=False)
+
+
 @pytest.mark.parametrize("given, env, command, expected", [
     ("cli", {"LLMMON_JOB": "env"}, [], "cli"),
     (None, {"LLMMON_JOB": "env", "TORCHELASTIC_RUN_ID": "te"}, [], "env"),
