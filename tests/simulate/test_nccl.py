@@ -79,3 +79,15 @@ def test_a_job_on_one_node_is_not_judged_on_its_network(work: Path) -> None:
     is no finding; P2P disabled still is."""
     exposed = judged(ticked(work, "nccl-transport-socket", "nccl-p2p-disabled").nodes[0])
     assert findings(exposed) == {"p2p_disabled"}
+
+
+def test_without_the_ranks_environment_the_reporter_s_copy_is_judged(work: Path) -> None:
+    """A daemon that may not read /proc/<pid>/environ (no CAP_SYS_PTRACE) judges the NCCL
+    variables each rank's reporter sends."""
+    node = ticked(work, "nccl-ib-hca-missing-rail", nodes=2).nodes[0]
+    for environ in node.paths.procfs.glob("*/environ"):
+        environ.unlink()
+    exposed = judged(node)
+    assert findings(exposed) == {"ib_hca_missing_rail"}
+    (settings,) = series(exposed, "llmmon_job_nccl_settings_info")
+    assert settings["ib_gid_index"] == "3"

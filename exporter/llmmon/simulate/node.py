@@ -153,7 +153,7 @@ class NodeSim:
             self.procfs.write(f"{rank.pid}/root{nccl_files.log_path(pod, rank.pid)}",
                               nccl_files.log(self.layout, pod, rank.pid, rank.local_rank,
                                              rank.rank, job.world_size, nodes, cond.nccl))
-        self.spool.write(job, list(ranks.values()), now)  # none: the job's logs are closed
+        self.spool.write(job, list(ranks.values()), now, env)  # none: the job's logs are closed
 
     @staticmethod
     def pod_uid(pod: str) -> str:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Mapping
 
+from llmmon_reporter import identity as reporter_identity
 from llmmon_reporter import layout, spoolfile
 from llmmon_reporter.entrylog import EntryLog, of
 from llmmon_reporter.flight import GENERIC_API, ranges
@@ -31,11 +32,13 @@ def pod_name(job: Job, node: str) -> str:
     return f"{job.job_id}-{node}"
 
 
-def identity(job: Job, rank: Rank, node: str) -> dict[str, Any]:
+def identity(job: Job, rank: Rank, node: str,
+             env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {"job_id": job.job_id, "rank": rank.rank, "local_rank": rank.local_rank,
             "world_size": job.world_size, "pod": pod_name(job, node), "namespace": "training",
             "pid": rank.pid, "uuid": rank.uuid, "gpu_name": GPU_NAME,
-            "allocator_config": ALLOCATOR_CONFIG}
+            "allocator_config": ALLOCATOR_CONFIG,
+            "nccl_env": reporter_identity.nccl_env(env or {})}
 
 
 def _flight(job: Job, rank: Rank, entries: list[dict[str, Any]] | None) -> bytes:
@@ -74,10 +77,11 @@ def _step(rank: Rank) -> dict[str, Any] | None:
                         "sum": rank.step_seconds}}
 
 
-def state_document(job: Job, rank: Rank, node: str, started_ns: int, ticks: int) -> bytes:
+def state_document(job: Job, rank: Rank, node: str, started_ns: int, ticks: int,
+                   env: Mapping[str, str] | None = None) -> bytes:
     header = {
         "schema": layout.SCHEMA, "kind": "state", "written_ns": time.time_ns(),
-        "identity": identity(job, rank, node),
+        "identity": identity(job, rank, node, env),
         "reporter": {"started_ns": started_ns, "ticks": ticks, "errors_total": 0,
                      "last_error": "", "disabled": False, "disabled_reason": "",
                      "fr_api": GENERIC_API,
@@ -109,7 +113,10 @@ class SpoolWriter:
         self._ticks: dict[tuple[str, int, int], int] = {}
         self._logs: dict[tuple[str, int, int], EntryLog] = {}
 
-    def write(self, job: Job, ranks: list[Rank], now: float) -> None:
+    def write(self, job: Job, ranks: list[Rank], now: float,
+              env: Mapping[str, str] | None = None) -> None:
+        """The ranks' files as of `now` (`env`: the ranks' environment, whose NCCL variables
+        the reporter sends)."""
         directory = layout.job_dir(self.root, job.job_id)
         live = {(job.job_id, rank.rank, rank.pid) for rank in ranks}
         for key in [k for k in self._logs if k[0] == job.job_id and k not in live]:
@@ -128,5 +135,5 @@ class SpoolWriter:
                 log.write(of(ring(job, rank)), time.time_ns())
                 self._next_entries[key] = now + self.entries_interval
             spoolfile.write_atomic(directory, layout.state_name(rank.rank, rank.pid),
-                                   state_document(job, rank, self.node, started, ticks))
+                                   state_document(job, rank, self.node, started, ticks, env))
 

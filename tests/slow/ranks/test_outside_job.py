@@ -5,7 +5,8 @@ procfs, reads their stacks with py-spy from outside, and names the rank that han
 The daemon and the job share a PID namespace of their own (bench/faults/pidns.py), as a node's
 processes do: the daemon sees that node only.  The job (tests/ranks/trainer.py, --reporter
 off) runs a world group and a pair group {0, 1}; rank 1's data loader never returns from
-step 300 on.
+step 300 on.  Its ranks carry NCCL settings and an NCCL_DEBUG_FILE, which holds a real NCCL
+2.19 log (gloo on CPUs writes none): the nccl collector reads both from outside.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench.faults.pidns import PidNamespace
 from tests.conftest import ROOT
 from tests.helpers import free_port, stop_process, wait_for
 
 TRAINER = ROOT / "tests" / "ranks" / "trainer.py"
+NCCL_LOG = ROOT / "tests" / "fixtures" / "nccl" / "logs" / "nccl-2.19.3-roce-ro.log"
+NCCL_SETTINGS = {"NCCL_IB_HCA": "=mlx5_10:1,mlx5_11:1", "NCCL_IB_GID_INDEX": "3",
+                 "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO"}
 
 
 def plain_env() -> dict[str, str]:
@@ -40,6 +46,8 @@ def get(url: str) -> Any:
 def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> None:
     port, out = free_port(), tmp_path / "out"
     out.mkdir()
+    (tmp_path / "nccl").mkdir()
+    (tmp_path / "nccl" / "nccl.node-a.log").write_bytes(NCCL_LOG.read_bytes())
     url = f"http://127.0.0.1:{port}"
     with PidNamespace() as ns, open(tmp_path / "serve.log", "wb") as serve_log, \
             open(tmp_path / "job.log", "wb") as job_log:
@@ -57,7 +65,9 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
             "--master-port", str(free_port()), str(TRAINER), "--out", str(out),
             "--reporter", "off", "--steps", "100000", "--compute", "0.02", "--hold", "600",
             "--timeout", "600", "--culprit", "1", "--stuck-at", "300"]),
-            env=plain_env(), cwd=tmp_path, stdout=job_log, stderr=subprocess.STDOUT)
+            env={**plain_env(), **NCCL_SETTINGS,
+                 "NCCL_DEBUG_FILE": str(tmp_path / "nccl" / "nccl.%h.log")},
+            cwd=tmp_path, stdout=job_log, stderr=subprocess.STDOUT)
         seen: list[dict[str, Any]] = []
         try:
             def jobs() -> list[dict[str, Any]]:
@@ -108,6 +118,18 @@ def test_a_job_without_the_reporter_has_its_hung_rank_named(tmp_path: Path) -> N
     assert exposition.count(f'llmmon_rank_info{{job_id="{job_id}",') == 3
     assert exposition.count('source="procfs"') == 3
     assert f'llmmon_rank_info{{job_id="{job_id}",local_rank="1"' in exposition
+    # its NCCL settings from its environment and NCCL's choice from its log, from outside
+    nccl = {family.name: [sample.labels for sample in family.samples]
+            for family in text_string_to_metric_families(exposition)
+            if family.name.startswith("llmmon_job_nccl_")}
+    (settings,) = nccl["llmmon_job_nccl_settings_info"]
+    assert settings["job_id"] == job_id
+    assert (settings["ib_hca"], settings["ib_gid_index"], settings["socket_ifname"]) == \
+        ("=mlx5_10:1,mlx5_11:1", "3", "lo")
+    assert nccl["llmmon_job_nccl_transport_info"] == [{
+        "job_id": job_id, "ranks": "0-2", "version": "2.19.3", "net": "IB", "gdr": "",
+        "devices": "mlx5_10:1/RoCE,mlx5_11:1/RoCE", "paths": ""}]
+    assert "llmmon_job_nccl_misconfigured" not in nccl  # one node, no GPUs: nothing to judge
     assert diagnosed.stdout.count("[CRIT]") == 1, diagnosed.stdout
     assert "rank 1" in diagnosed.stdout and "load_next_batch" in diagnosed.stdout
     assert incident["job_id"] == hung["job_id"] and incident["trigger"] == "stalled"
