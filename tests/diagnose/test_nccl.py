@@ -267,8 +267,8 @@ def test_gpudirect_off_stays_the_nodes_alert_with_the_jobs_findings() -> None:
                               + findings("llama", "gdr_unavailable")), "gpudirect")
     assert found["verdict"] == "suspect"
     assert found["runbook"] == f"{RUNBOOKS}#gpudirectrdmadisabled"
-    assert [e["text"].split(":")[0] for e in found["evidence"]] == ["this node",
-                                                                    'job llama (NCCL_NET_GDR_LEVEL="")']
+    assert [e["text"].split(":")[0] for e in found["evidence"]] == [
+        "this node", 'job llama (NCCL_NET_GDR_LEVEL="")']
 
 
 def test_gpudirect_on_and_allowed_and_unknown() -> None:
