@@ -8,7 +8,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import units
 
 from dashboards.generator import limits
-from dashboards.generator.common import build, dashboard_url
+from dashboards.generator.common import RUNBOOKS, build, dashboard_url
 from dashboards.generator.panels import (
     Query,
     heatmap,
@@ -181,6 +181,70 @@ def tcp_loss(**size):
         min_value=0, **size)
 
 
+# The settings the nccl collector reads from each job's ranks on a node
+# (llmmon_job_nccl_settings_info), as the table names them: the variables themselves.
+NCCL_SETTINGS = {"ib_hca": "NCCL_IB_HCA", "ib_gid_index": "NCCL_IB_GID_INDEX",
+                 "socket_ifname": "NCCL_SOCKET_IFNAME", "net_gdr_level": "NCCL_NET_GDR_LEVEL",
+                 "ib_qps_per_connection": "NCCL_IB_QPS_PER_CONNECTION",
+                 "ib_disable": "NCCL_IB_DISABLE", "p2p_disable": "NCCL_P2P_DISABLE",
+                 "shm_disable": "NCCL_SHM_DISABLE", "net": "NCCL_NET", "algo": "NCCL_ALGO",
+                 "proto": "NCCL_PROTO"}
+FINDING = [prop("thresholds", {"mode": "absolute", "steps": [
+    {"value": None, "color": "green"}, {"value": 1, "color": "red"}]}),
+           prop("custom.cellOptions", {"type": "color-background"})]
+
+
+def nccl_settings(**size):
+    settings = m("llmmon_job_nccl_settings_info", "job_id", "node")
+    by = f"max by (cluster, job_id, node, {', '.join(NCCL_SETTINGS)})"
+    findings = (f"count by (cluster, job_id, node) "
+                f"({m('llmmon_job_nccl_misconfigured', 'job_id', 'node')})")
+    return table(
+        "NCCL settings per node", "The NCCL variables the job's ranks run with on each node "
+        "(its lowest local rank's environment; empty: unset) and how many checks of the node "
+        "they fail (NCCLMisconfigured; which ones: NCCL findings per node). No row for a "
+        "node: the daemon could not read the ranks' environment there.",
+        Query(f"{by} ({findings} * on (cluster, job_id, node) group_right () {settings} "
+              f"or 0 * {settings})"),
+        columns=("node", *NCCL_SETTINGS, "Value"),
+        renames={**NCCL_SETTINGS, "Value": "findings"}, sort_by="node",
+        overrides=[("findings", FINDING)], **size)
+
+
+def nccl_findings(**size):
+    return table(
+        "NCCL findings per node", "Each check the job's NCCL settings fail on a node, against "
+        "what the node has (devices and ports, RoCE GIDs, interfaces up, GPUDirect RDMA, the "
+        "GPU-NIC path): NCCLMisconfigured tickets it on a running multi-node job. Click a "
+        "check for what it means and its fix. Empty: nothing fails, or nothing was read.",
+        Query("max by (cluster, job_id, node, check) "
+              f"({m('llmmon_job_nccl_misconfigured', 'job_id', 'node')})"),
+        columns=("job_id", "node", "check"), renames={"job_id": "job"}, sort_by="node",
+        overrides=[("check", [prop("links", [{"title": "Runbook: ${__value.raw}",
+                                              "url": RUNBOOKS + "#${__value.raw}"}])])],
+        **size)
+
+
+def nccl_transport(**size):
+    return table(
+        "NCCL transport per rank", "The network each rank's NCCL chose, from its own log "
+        "(NCCL_DEBUG=INFO): IB (RDMA) or Socket (TCP, NCCLNotUsingRDMA on a multi-node job "
+        "whose node has RDMA ports), whether it uses GPUDirect RDMA (GDRDMA), the devices "
+        "and the transports of its channels. No row: no NCCL log was read for the rank.",
+        Query("max by (cluster, job_id, rank, node, version, net, gdr, devices, paths) "
+              f"({m('llmmon_rank_nccl_transport_info', 'job_id', 'rank', 'node')})"),
+        columns=("rank", "node", "net", "gdr", "devices", "paths", "version"),
+        renames={"gdr": "GPUDirect RDMA", "version": "NCCL"}, sort_by="rank",
+        overrides=[
+            ("net", [prop("mappings", value_text({"Socket": ("Socket", "red"),
+                                                  "IB": ("IB", "green")})),
+                     prop("custom.cellOptions", {"type": "color-text"})]),
+            ("GPUDirect RDMA", [prop("mappings", value_text({"1": ("yes", "green"),
+                                                             "0": ("no", "orange")})),
+                                prop("custom.cellOptions", {"type": "color-text"})]),
+        ], **size)
+
+
 def step_time(**size):
     step = "llmmon_training_step_seconds"
     return timeseries(
@@ -257,7 +321,7 @@ def dashboard() -> dict:
     return build("job", "llmmon / Job",
                  "One training job across its ranks: the ranks table (who is behind), "
                  "progress per process group, collective timings, bandwidth, stragglers, "
-                 "throughput and allocator memory.",
+                 "NCCL settings and transport, throughput and allocator memory.",
                  [row("Ranks"), ranks_table(width=14, height=10),
                   time_since_progress(width=10, height=10),
                   row("Progress and collectives"), completed_seq(**third),
@@ -265,6 +329,8 @@ def dashboard() -> dict:
                   collective_time_heatmap(**half), enqueue_lag(**half),
                   row("Bandwidth and stragglers"), busbw(**half), straggler_score(**half),
                   pace(**half), tcp_loss(**half),
+                  row("NCCL settings and transport"), nccl_settings(width=24, height=6),
+                  nccl_findings(width=8, height=8), nccl_transport(width=16, height=8),
                   row("Throughput"), step_time(**third), mfu(**third), tokens(**third),
                   row("Allocator memory"), allocator_memory(**quarter),
                   fragmentation(**quarter), reserved_share(**quarter),

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from alerts import render
+from tests.alerts.alert_helpers import NCCL_CONTRACT
 from llmmon.options import parse_duration
 from tests.conftest import markdown_sections
 
@@ -143,7 +144,7 @@ def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dic
                                                            recording_rules: list[dict]) -> None:
     from llmmon import catalog
 
-    exported = catalog.exported_names() | {"up"}
+    exported = catalog.exported_names() | {"up"} | set(NCCL_CONTRACT)
     read = {name for rule in alert_rules + recording_rules for text in _texts(rule)
             for name in METRIC.findall(text)}
     missing = sorted(read - exported)
@@ -154,8 +155,9 @@ def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dic
 def test_selectors_use_labels_the_metric_has(alert_rules: list[dict], recording_rules: list[dict]) -> None:
     from llmmon import catalog
 
-    labels = {name: set(spec.labels) | TARGET_LABELS
-              for spec in catalog.all_specs() for name in spec.sample_names()}
+    labels = {name: labels | TARGET_LABELS for name, labels in NCCL_CONTRACT.items()}
+    labels |= {name: set(spec.labels) | TARGET_LABELS
+               for spec in catalog.all_specs() for name in spec.sample_names()}
     wrong = sorted({(metric, label) for rule in alert_rules + recording_rules for text in _texts(rule)
                     for metric, matchers in SELECTOR.findall(text) if metric in labels
                     for label in MATCHER.findall(matchers) if label not in labels[metric]})

@@ -31,15 +31,18 @@ class CheckSpec:
     title: str
     run: Callable[[View, Thresholds], Outcome]
     alerts: tuple[str, ...] = ()  # alerts on the same condition; the first gives the runbook
+    # unless the check has a `doc` section
     thresholds: tuple[str, ...] = ()
     doc: str = ""  # docs/diagnose.md anchor, for checks that no alert covers
 
     def runbook(self, thresholds: Thresholds, alert: str = "") -> str:
-        """The runbook of `alert` (one of this check's), else of its first alert, else the
-        check's section of docs/diagnose.md."""
-        if alert or self.alerts:
-            return thresholds.runbook(alert or self.alerts[0])
-        return thresholds.doc("diagnose.md", self.doc)
+        """The runbook of `alert` (one of this check's), else the check's section of
+        docs/diagnose.md where it has one, else the runbook of its first alert."""
+        if alert:
+            return thresholds.runbook(alert)
+        if self.doc or not self.alerts:
+            return thresholds.doc("diagnose.md", self.doc)
+        return thresholds.runbook(self.alerts[0])
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ Snapshot = dict[str, dict[LabelKey, float]]  # sample name -> label set -> value
 # Families the checks and the local recording rules read.
 WANTED = ("llmmon_gpu_", "llmmon_gpudirect_", "llmmon_rank_", "llmmon_torch_", "llmmon_nccl_",
           "llmmon_training_", "llmmon_rdma_", "llmmon_nic_", "llmmon_netdev_", "llmmon_disk_",
-          "llmmon_pressure_", "llmmon_tcp_")
+          "llmmon_pressure_", "llmmon_tcp_", "llmmon_job_nccl_")
 
 
 def parse(text: str, previous: Snapshot | None = None) -> Snapshot:

@@ -1,7 +1,13 @@
-"""Network checklist, for collectives slower than expected: is NCCL on RDMA at all, is each GPU
-near its NIC, is GPUDirect RDMA on, are PFC pauses and ECN marks few, is one rank late, and how
-does the bus bandwidth compare with the reference values of
+"""Network checklist, for collectives slower than expected, in the seed's order: is NCCL on RDMA
+at all (the ranks' own NCCL logs first, the RDMA/TCP traffic ratio where none is read), is each
+GPU near its NIC, are the QPs and rails, the RoCE GID index and the socket interface set right,
+is GPUDirect RDMA on and allowed, are P2P and SHM on, are PFC pauses and ECN marks few, is one
+rank late, and how does the bus bandwidth compare with the reference values of
 docs/design.md#reference-bus-bandwidth?
+
+The NCCL checks read the nccl collector's series (docs/network.md): each job's settings on the
+node (`llmmon_job_nccl_settings_info`), the checks they fail (`llmmon_job_nccl_misconfigured`,
+present only while failing) and each rank's chosen transport (`llmmon_rank_nccl_transport_info`).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from llmmon.diagnose import describe as d
 from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
-from llmmon.diagnose.view import Sample, View, group, key, total
+from llmmon.diagnose.view import Sample, View, group, index, key, total
 
 NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")
@@ -31,6 +37,51 @@ REFERENCES = {"nvlink": ("NVLink", 380 * GB, 420 * GB),
 REFERENCE_GPUS = ("H100", "H200", "GH200")
 # The references are for 1 GB messages; below ~128 MiB latency, not bandwidth, bounds busbw.
 MIN_MESSAGE_BYTES = 128 << 20
+SETTINGS = "llmmon_job_nccl_settings_info"
+FINDINGS = "llmmon_job_nccl_misconfigured"
+TRANSPORT = "llmmon_rank_nccl_transport_info"
+# The variables behind the labels of SETTINGS.
+VARIABLES = {"ib_hca": "NCCL_IB_HCA", "ib_gid_index": "NCCL_IB_GID_INDEX",
+             "socket_ifname": "NCCL_SOCKET_IFNAME", "net_gdr_level": "NCCL_NET_GDR_LEVEL",
+             "ib_qps_per_connection": "NCCL_IB_QPS_PER_CONNECTION",
+             "ib_disable": "NCCL_IB_DISABLE", "p2p_disable": "NCCL_P2P_DISABLE",
+             "shm_disable": "NCCL_SHM_DISABLE", "net": "NCCL_NET", "algo": "NCCL_ALGO",
+             "proto": "NCCL_PROTO"}
+# Every check of llmmon.network.nccl_checks.CHECKS (the `check` label of FINDINGS, in the seed's
+# order): what its failure means and the fix, as docs/runbooks.md#ncclmisconfigured says at
+# length (one subsection per check).
+NCCL_CHECKS = {
+    "transport_socket": ("NCCL runs its socket transport on a node with RDMA ports",
+                         "unset NCCL_NET, mount the RDMA devices into the pod, ship rdma-core "
+                         "and the IB plugin"),
+    "ib_disabled": ("NCCL_IB_DISABLE=1 keeps NCCL off the RDMA ports",
+                    "remove NCCL_IB_DISABLE"),
+    "ib_hca_unknown": ("NCCL_IB_HCA names a device or port that is absent or not up",
+                       "name the node's devices and active ports (ibv_devinfo -l)"),
+    "ib_hca_missing_rail": ("NCCL_IB_HCA leaves out an active rail",
+                            "list every rail, or leave NCCL_IB_HCA unset"),
+    "gid_index_unset": ("NCCL_IB_GID_INDEX is unset on RoCE ports",
+                        "set it to the RoCE v2 GID with the node's address (show_gids; "
+                        "usually 3)"),
+    "gid_index_not_rocev2": ("NCCL_IB_GID_INDEX points at a GID that is not RoCE v2 or has no "
+                             "address", "set the index of the RoCE v2 GID show_gids lists"),
+    "socket_ifname_down": ("NCCL_SOCKET_IFNAME matches no interface that is up",
+                           "name an interface that is up on every node (ip -br link)"),
+    "gdr_unavailable": ("GPUDirect RDMA is unavailable (no nvidia_peermem, no DMA-BUF)",
+                        "load nvidia_peermem or use DMA-BUF, then restart the job"),
+    "gdr_level_blocks": ("NCCL_NET_GDR_LEVEL is below the GPUs' PCIe path to their NICs",
+                         "unset NCCL_NET_GDR_LEVEL, or set the path nvidia-smi topo -m shows"),
+    "p2p_disabled": ("NCCL_P2P_DISABLE=1 sends intra-node traffic through host memory",
+                     "remove NCCL_P2P_DISABLE (fix IOMMU/ACS instead)"),
+    "shm_disabled": ("NCCL_SHM_DISABLE=1 sends intra-node traffic over the network",
+                     "remove NCCL_SHM_DISABLE; give /dev/shm room instead"),
+    "single_qp_multi_rail": ("one queue pair per connection on a node with several rails",
+                             "NCCL_IB_QPS_PER_CONNECTION=4 with NCCL_IB_SPLIT_DATA_ON_QPS=1"),
+    "gpu_nic_cross_socket": ("a GPU of the job reaches its nearest NIC across CPU sockets (SYS)",
+                             "place the job on GPUs with a NIC on their PCIe switch"),
+}
+NO_SETTINGS = ("no NCCL settings read: the daemon cannot read the ranks' environment (no "
+               "reporter and no access to /proc/PID/environ), or no job runs here")
 
 
 def _per_node(samples: list[Sample]) -> dict[tuple[str, ...], float]:
@@ -62,11 +113,61 @@ def _traffic(view: View, prefix: str, selector: str = "") -> dict[tuple[str, ...
     return _per_node(both[0] + both[1])
 
 
-def rdma_in_use(view: View, t: Thresholds) -> Outcome:
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
+
+
+def _ranks(members: list[Sample]) -> str:
+    names = sorted((s.get("rank") for s in members), key=_rank_order)
+    return f"rank{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
+def _transport(view: View) -> tuple[list[Evidence], list[Evidence], set[tuple[str, ...]]]:
+    """The ranks' own NCCL logs: (ranks of a multi-node job on Socket on a node with RDMA ports,
+    the others, the (cluster, job_id) whose logs name a network), as NCCLNotUsingRDMA's
+    `nccl_log` rule reads them."""
+    ranks = view.instant(TRANSPORT)
+    has_ports = {key(s, NODE) for s in view.instant("llmmon_rdma_port_info")}
+    spanning = _multi_node_jobs(view)
+    bad, fine = [], []
+    for (cluster, node, job, net), members in sorted(
+            group(ranks, *NODE, "job_id", "net").items()):
+        first = members[0]
+        version = f" (NCCL {first.get('version')})" if first.get("version") else ""
+        head = f"job {job}{d.on_node(first)}: {_ranks(members)}"
+        if not net:
+            fine.append(d.evidence(first, ("job_id",), f"{head}: the NCCL log names no network "
+                                   "(yet)", ranks=len(members)))
+        elif net == "Socket":
+            text = f"{head} use NET/Socket{version}"
+            if (cluster, node) not in has_ports:
+                fine.append(d.evidence(first, ("job_id",), f"{text}: the node has no RDMA port",
+                                       ranks=len(members)))
+            elif job not in spanning.get((cluster, node), []):
+                fine.append(d.evidence(first, ("job_id",), f"{text}: a single-node job, nothing "
+                                       "crosses the fabric", ranks=len(members)))
+            else:
+                bad.append(d.evidence(first, ("job_id",), f"{text}: TCP although the node has "
+                                      "RDMA ports", ranks=len(members)))
+        else:
+            gdr = {s.get("gdr") for s in members}
+            how = ("with GPUDirect RDMA" if gdr == {"1"} else "without GPUDirect RDMA"
+                   if "0" in gdr else "GPUDirect RDMA not logged")
+            fine.append(d.evidence(first, ("job_id",), f"{head} use NET/{net}{version} on "
+                                   f"{first.get('devices') or 'devices not logged'}, {how}",
+                                   ranks=len(members)))
+    evidenced = {key(s, JOB) for s in ranks if s.get("net")}
+    return bad, fine, evidenced
+
+
+def _ratio(view: View, t: Thresholds, evidenced: set[tuple[str, ...]]
+           ) -> tuple[list[Evidence], list[Evidence], bool] | None:
+    """The fallback: RDMA and TCP traffic per node, for the multi-node jobs whose ranks' logs
+    name no network; (suspect, fine, any RDMA port), None without rates."""
     rdma = _traffic(view, "llmmon_rdma")
     tcp = _traffic(view, "llmmon_netdev", t.tcp_netdev_selector)
     if rdma is None or tcp is None:
-        return unknown(NEEDS_RATES)
+        return None
     has_ranks = {key(s, NODE) for s in view.instant("llmmon_rank_info")}
     has_ports = {key(s, NODE) for s in view.instant("llmmon_rdma_port_info")}
     spanning = _multi_node_jobs(view)
@@ -74,11 +175,16 @@ def rdma_in_use(view: View, t: Thresholds) -> Outcome:
     for node in sorted(set(tcp) | set(rdma) | has_ports):
         moved, sockets = rdma.get(node, 0.0), tcp.get(node, 0.0)
         here = Sample(dict(zip(NODE, node)), 0.0)
-        jobs = spanning.get(node, [])
+        every = spanning.get(node, [])
+        jobs = [job for job in every if (node[0], job) not in evidenced]
         numbers = {"rdma_bytes_per_second": moved, "tcp_bytes_per_second": sockets}
         text = f"{d.node(here)}: RDMA {d.size(moved, 'B/s')}, TCP {d.size(sockets, 'B/s')}"
         falling_back = moved < t.rdma_idle_bytes_per_second and \
             sockets > t.tcp_busy_bytes_per_second
+        if every and not jobs:
+            fine.append(Evidence(d.subject(here), f"{text}; not judged: the NCCL logs of "
+                                 f"{', '.join(every)} say which network", numbers))
+            continue
         if node not in has_ports:
             if jobs and sockets > t.tcp_busy_bytes_per_second:
                 bad.append(Evidence(d.subject(here), f"{text}; multi-node job(s) "
@@ -90,17 +196,85 @@ def rdma_in_use(view: View, t: Thresholds) -> Outcome:
             bad.append(Evidence(d.subject(here), f"{text}; {whose}", numbers))
         else:
             fine.append(Evidence(d.subject(here), text, numbers))
-    if bad:
-        return suspect("RDMA idles while TCP is busy: NCCL fell back to sockets (check "
-                       "NCCL_DEBUG=INFO for NET/Socket, NCCL_IB_HCA, the RDMA devices in the pod)",
-                       *bad)
-    if not fine:
-        return unknown("no RDMA ports")
-    return ok("collective traffic is not on TCP", *fine)
+    return bad, fine, bool(has_ports)
+
+
+def _nccl_settings(view: View, checks: tuple[str, ...], shown: tuple[str, ...]
+                   ) -> tuple[list[Evidence], list[Evidence], bool, bool]:
+    """The jobs' NCCL settings against `checks`: (failing on a multi-node job, the rest, any
+    job the collector applied one of `checks` to, any settings read)."""
+    settings = index(view.instant(SETTINGS), *NODE_JOB)
+    failing: dict[tuple[str, ...], list[str]] = {}
+    for sample in view.instant(FINDINGS):
+        if sample.get("check") in checks and sample.value > 0:
+            failing.setdefault(key(sample, NODE_JOB), []).append(sample.get("check"))
+    spanning = _multi_node_jobs(view)
+    bad, fine, applied = [], [], False
+    for where in sorted(set(settings) | set(failing)):
+        cluster, node, job = where
+        sample = settings.get(where) or Sample(dict(zip(NODE_JOB, where)), 1.0)
+        values = ", ".join(f'{VARIABLES[name]}="{sample.get(name)}"' for name in shown)
+        head = f"job {job}{d.on_node(sample)}" + (f" ({values})" if values and where in settings
+                                                   else "")
+        ran = [c for c in sample.get("checked").split(",") if c in checks]
+        applied = applied or bool(ran) or where in failing
+        found = sorted(set(failing.get(where, [])), key=list(NCCL_CHECKS).index)
+        if found:
+            what = "; ".join(f"{c}: {NCCL_CHECKS[c][0]} (fix: {NCCL_CHECKS[c][1]})"
+                             for c in found)
+            if job in spanning.get((cluster, node), []):
+                bad.append(d.evidence(sample, ("job_id",), f"{head}: {what}",
+                                      findings=float(len(found))))
+            else:
+                fine.append(d.evidence(sample, ("job_id",), f"{head}: {what} (a single-node "
+                                       "job: not judged)", findings=float(len(found))))
+        elif ran:
+            fine.append(d.evidence(sample, ("job_id",), f"{head}: passes {', '.join(ran)}",
+                                   findings=0.0))
+        else:
+            fine.append(d.evidence(sample, ("job_id",), f"{head}: {', '.join(checks)} "
+                                   "do not apply here"))
+    return bad, fine, applied, bool(settings)
+
+
+TRANSPORT_CHECKS = ("transport_socket", "ib_disabled")
+
+
+def rdma_in_use(view: View, t: Thresholds) -> Outcome:
+    socket, logged, evidenced = _transport(view)
+    wrong, right, _, _ = _nccl_settings(view, TRANSPORT_CHECKS, ("net", "ib_disable"))
+    ratio = _ratio(view, t, evidenced)
+    if ratio is None and not (socket or logged or wrong):
+        return unknown(NEEDS_RATES)
+    idle, busy, ports = ratio or ([], [], False)
+    if socket or idle:
+        summary = ("NCCL runs over TCP sockets on a multi-node job although its node has RDMA "
+                   "ports (its ranks' NCCL log says NET/Socket)" if socket else
+                   "RDMA idles while TCP is busy: NCCL fell back to sockets")
+        return suspect(f"{summary} (check NCCL_DEBUG=INFO for the line before NET/Socket, "
+                       "NCCL_NET, NCCL_IB_DISABLE, NCCL_IB_HCA, the RDMA devices in the pod)",
+                       *socket, *idle, *wrong, alert="NCCLNotUsingRDMA")
+    if wrong:
+        return suspect("NCCL's settings keep a multi-node job off the RDMA ports", *wrong,
+                       *logged, alert="NCCLMisconfigured")
+    if not (logged or busy):
+        return unknown("no RDMA ports" if ratio is not None and not ports else NEEDS_RATES,
+                       *right)
+    if ratio is None:
+        right = [*right, Evidence({}, f"traffic not judged: {NEEDS_RATES}")]
+    return ok("collective traffic is not on TCP", *logged, *busy, *right)
 
 
 def gpu_nic_affinity(view: View, t: Thresholds) -> Outcome:
     nearest = view.instant("llmmon_gpu_nearest_nic_info")
+    crossing, placed, _, _ = _nccl_settings(view, ("gpu_nic_cross_socket",), ())
+    if crossing:
+        far = [d.evidence(s, (*d.GPU, "device", "netdev"), f"{d.gpu(s)}: nearest NIC "
+                          f"{s.get('device')} ({s.get('netdev') or 'no netdev'}) is SYS, "
+                          f"{FAR_PATHS['SYS']}") for s in nearest if s.get("path") == "SYS"]
+        return suspect("a GPU a multi-node job uses reaches its NIC across CPU sockets: place "
+                       "the job on GPUs with a NIC on their PCIe switch", *crossing, *far,
+                       alert="NCCLMisconfigured")
     if not nearest:
         return unknown("no GPU-NIC topology (no NVIDIA GPUs or no RDMA devices in sysfs)")
     far = [d.evidence(s, (*d.GPU, "device", "netdev"), f"{d.gpu(s)}: nearest NIC "
@@ -116,7 +290,12 @@ def gpu_nic_affinity(view: View, t: Thresholds) -> Outcome:
 
 def gpudirect(view: View, t: Thresholds) -> Outcome:
     flags = view.instant("llmmon_gpudirect_rdma_enabled")
+    blocked, allowed, applied, _ = _nccl_settings(view, ("gdr_unavailable", "gdr_level_blocks"),
+                                                  ("net_gdr_level",))
     if not flags:
+        if blocked:
+            return suspect("NCCL cannot use GPUDirect RDMA for a multi-node job: transfers are "
+                           "staged through host memory", *blocked, alert="NCCLMisconfigured")
         return unknown("not exported: the node lacks NVIDIA GPUs or RDMA devices")
     dmabuf = {key(s, ("cluster", "node")) for s in
               view.instant("llmmon_gpudirect_dmabuf_supported") if s.value == 1}
@@ -125,8 +304,60 @@ def gpudirect(view: View, t: Thresholds) -> Outcome:
            for s in flags if s.value == 0 and key(s, ("cluster", "node")) not in dmabuf]
     if off:
         return suspect("GPUDirect RDMA is off: inter-node transfers are staged through host "
-                       "memory (load nvidia_peermem, or use dma-buf)", *off)
-    return ok("GPUDirect RDMA is on (nvidia_peermem loaded, or DMA-BUF supported)")
+                       "memory (load nvidia_peermem, or use dma-buf)", *off, *blocked,
+                       alert="GPUDirectRDMADisabled")
+    if blocked:
+        return suspect("NCCL_NET_GDR_LEVEL keeps a multi-node job from GPUDirect RDMA: "
+                       "transfers are staged through host memory", *blocked,
+                       alert="NCCLMisconfigured")
+    return ok("GPUDirect RDMA is on (nvidia_peermem loaded, or DMA-BUF supported)"
+              + ("" if applied else "; no job's NCCL_NET_GDR_LEVEL was checked"), *allowed)
+
+
+def _nccl_check(checks: tuple[str, ...], shown: tuple[str, ...], problem: str, passing: str,
+                not_applied: str):
+    """A check of the jobs' NCCL settings alone: suspect when one of `checks` fails for a
+    multi-node job (NCCLMisconfigured's condition, without its wait), unknown without settings
+    or where none of `checks` applies."""
+
+    def run(view: View, t: Thresholds) -> Outcome:
+        bad, fine, applied, read = _nccl_settings(view, checks, shown)
+        if bad:
+            return suspect(problem, *bad, *fine, alert="NCCLMisconfigured")
+        if not read and not fine:
+            return unknown(NO_SETTINGS)
+        if not applied:
+            return unknown(not_applied, *fine)
+        if any(e.values.get("findings") for e in fine):
+            return ok("only single-node jobs fail these checks: not judged (NCCLMisconfigured "
+                      "tickets multi-node jobs)", *fine)
+        return ok(passing, *fine)
+
+    return run
+
+
+nccl_rails = _nccl_check(
+    ("ib_hca_unknown", "ib_hca_missing_rail", "single_qp_multi_rail"),
+    ("ib_hca", "ib_qps_per_connection"),
+    "NCCL_IB_HCA or the queue pairs per connection leave rails unused: fewer NICs or flows "
+    "carry the job's traffic", "NCCL_IB_HCA names the node's active rails, with several queue "
+    "pairs per connection where there are several rails",
+    "no check of the rails applied (no RDMA port on the node, or no multi-node job)")
+nccl_gid_index = _nccl_check(
+    ("gid_index_unset", "gid_index_not_rocev2"), ("ib_gid_index",),
+    "NCCL_IB_GID_INDEX is unset or not a RoCE v2 GID with an address on RoCE ports",
+    "NCCL_IB_GID_INDEX points at a RoCE v2 GID with an address",
+    "no GID check applied: the RDMA ports are not RoCE (InfiniBand, or none), or no multi-node "
+    "job")
+nccl_socket_ifname = _nccl_check(
+    ("socket_ifname_down",), ("socket_ifname",),
+    "NCCL_SOCKET_IFNAME matches no interface that is up: bootstrap and sockets cannot start",
+    "NCCL_SOCKET_IFNAME matches an interface that is up",
+    "NCCL_SOCKET_IFNAME is unset for every job: NCCL picks an interface itself")
+nccl_p2p_shm = _nccl_check(
+    ("p2p_disabled", "shm_disabled"), ("p2p_disable", "shm_disable"),
+    "P2P or SHM is disabled: traffic within the node goes through host memory or the network",
+    "P2P and SHM are enabled", "no check of P2P and SHM applied")
 
 
 def pfc_ecn(view: View, t: Thresholds) -> Outcome:
@@ -345,12 +576,20 @@ def busbw(view: View, t: Thresholds) -> Outcome:
 
 BRANCH = BranchSpec(
     "network", "Network checklist", "Why are collectives slower than expected?",
-    (CheckSpec("rdma_in_use", "NCCL on RDMA", rdma_in_use, ("NCCLNotUsingRDMA",),
+    (CheckSpec("rdma_in_use", "NCCL on RDMA", rdma_in_use,
+               ("NCCLNotUsingRDMA", "NCCLMisconfigured"),
                ("rdma_idle_bytes_per_second", "tcp_busy_bytes_per_second",
                 "tcp_netdev_selector")),
      CheckSpec("gpu_nic_affinity", "GPU-NIC affinity", gpu_nic_affinity,
-               doc="gpu-nic-affinity"),
-     CheckSpec("gpudirect", "GPUDirect RDMA", gpudirect, ("GPUDirectRDMADisabled",)),
+               ("NCCLMisconfigured",), doc="gpu-nic-affinity"),
+     CheckSpec("nccl_rails", "NCCL QPs and rails", nccl_rails, ("NCCLMisconfigured",)),
+     CheckSpec("nccl_gid_index", "NCCL RoCE GID index", nccl_gid_index,
+               ("NCCLMisconfigured",)),
+     CheckSpec("nccl_socket_ifname", "NCCL socket interface", nccl_socket_ifname,
+               ("NCCLMisconfigured",)),
+     CheckSpec("gpudirect", "GPUDirect RDMA", gpudirect,
+               ("GPUDirectRDMADisabled", "NCCLMisconfigured")),
+     CheckSpec("nccl_p2p_shm", "NCCL P2P and SHM", nccl_p2p_shm, ("NCCLMisconfigured",)),
      CheckSpec("pfc_ecn", "PFC pauses and ECN", pfc_ecn, ("RDMAPFCStorm", "RDMACongestion"),
                ("pfc_storm_window", "pfc_tx_pause_ratio", "pfc_rx_pause_ratio",
                 "rdma_cnp_per_second")),
