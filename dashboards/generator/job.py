@@ -227,14 +227,15 @@ def nccl_findings(**size):
 
 def nccl_transport(**size):
     return table(
-        "NCCL transport per rank", "The network each rank's NCCL chose, from its own log "
-        "(NCCL_DEBUG=INFO): IB (RDMA) or Socket (TCP, NCCLNotUsingRDMA on a multi-node job "
-        "whose node has RDMA ports), whether it uses GPUDirect RDMA (GDRDMA), the devices "
-        "and the transports of its channels. No row: no NCCL log was read for the rank.",
-        Query("max by (cluster, job_id, rank, node, version, net, gdr, devices, paths) "
-              f"({m('llmmon_rank_nccl_transport_info', 'job_id', 'rank', 'node')})"),
-        columns=("rank", "node", "net", "gdr", "devices", "paths", "version"),
-        renames={"gdr": "GPUDirect RDMA", "version": "NCCL"}, sort_by="rank",
+        "NCCL transport", "The network the job's ranks' NCCL chose, from their own logs "
+        "(NCCL_DEBUG=INFO), one row per choice and node with the ranks that made it: IB (RDMA) "
+        "or Socket (TCP, NCCLNotUsingRDMA on a multi-node job whose node has RDMA ports), "
+        "whether it uses GPUDirect RDMA (GDRDMA), the devices and the transports of its "
+        "channels. No row: no NCCL log was read for the job.",
+        Query("max by (cluster, job_id, ranks, node, version, net, gdr, devices, paths) "
+              f"({m('llmmon_job_nccl_transport_info', 'job_id', 'node')})"),
+        columns=("ranks", "node", "net", "gdr", "devices", "paths", "version"),
+        renames={"gdr": "GPUDirect RDMA", "version": "NCCL"}, sort_by="ranks",
         overrides=[
             ("net", [prop("mappings", value_text({"Socket": ("Socket", "red"),
                                                   "IB": ("IB", "green")})),

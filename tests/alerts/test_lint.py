@@ -9,7 +9,6 @@ import re
 import pytest
 
 from alerts import render
-from tests.alerts.alert_helpers import NCCL_CONTRACT
 from llmmon.options import parse_duration
 from tests.conftest import markdown_sections
 
@@ -144,7 +143,7 @@ def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dic
                                                            recording_rules: list[dict]) -> None:
     from llmmon import catalog
 
-    exported = catalog.exported_names() | {"up"} | set(NCCL_CONTRACT)
+    exported = catalog.exported_names() | {"up"}
     read = {name for rule in alert_rules + recording_rules for text in _texts(rule)
             for name in METRIC.findall(text)}
     missing = sorted(read - exported)
@@ -155,8 +154,7 @@ def test_every_metric_a_rule_reads_is_exported_or_recorded(alert_rules: list[dic
 def test_selectors_use_labels_the_metric_has(alert_rules: list[dict], recording_rules: list[dict]) -> None:
     from llmmon import catalog
 
-    labels = {name: labels | TARGET_LABELS for name, labels in NCCL_CONTRACT.items()}
-    labels |= {name: set(spec.labels) | TARGET_LABELS
+    labels = {name: set(spec.labels) | TARGET_LABELS
                for spec in catalog.all_specs() for name in spec.sample_names()}
     wrong = sorted({(metric, label) for rule in alert_rules + recording_rules for text in _texts(rule)
                     for metric, matchers in SELECTOR.findall(text) if metric in labels

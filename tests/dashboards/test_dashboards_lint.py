@@ -14,7 +14,6 @@ import yaml
 from grafana_foundation_sdk.models import units
 
 from llmmon.catalog import exported_names
-from tests.alerts.alert_helpers import NCCL_CONTRACT
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 41  # classic model of Grafana 11.x (grafana-foundation-sdk 11.6 default)
@@ -270,7 +269,7 @@ def test_panels_the_runbooks_cite_exist(dashboards) -> None:
 
 
 def test_every_metric_is_exported_or_recorded(dashboards) -> None:
-    known = exported_names() | set(NCCL_CONTRACT) | _rules("record") | {"ALERTS"}
+    known = exported_names() | _rules("record") | {"ALERTS"}
     problems = sorted({f"{name}: {metric}" for name, model in dashboards.items()
                        for text in _strings(model) for metric in SELECTOR.findall(text)
                        if metric not in known})

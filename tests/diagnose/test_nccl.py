@@ -11,6 +11,7 @@ from llmmon.diagnose.model import Outcome
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import NEEDS_RATES, evaluate
 from llmmon.diagnose.window import LocalView, Window
+from llmmon.network.nccl_checks import CHECKS
 
 RUNBOOKS = Thresholds().runbook_base_url
 # llama: two ranks here of a world of four (it spans nodes); solo: one rank of one
@@ -30,11 +31,11 @@ CHECKED = ("transport_socket,ib_disabled,ib_hca_unknown,ib_hca_missing_rail,gid_
            "p2p_disabled,shm_disabled,single_qp_multi_rail,gpu_nic_cross_socket")
 
 
-def transport(job: str, rank: int, net: str, gdr: str = "", version: str = "2.21.5") -> str:
+def transport(job: str, ranks: str, net: str, gdr: str = "", version: str = "2.21.5") -> str:
     devices = "mlx5_0:1/RoCE,mlx5_1:1/RoCE" if net == "IB" else "ens2f0:10.0.0.1<0>"
     paths = "NET/IB/GDRDMA,P2P/IPC" if gdr == "1" else f"NET/{net},P2P/IPC"
-    return (f'llmmon_rank_nccl_transport_info{{devices="{devices}",gdr="{gdr}",job_id="{job}",'
-            f'net="{net}",paths="{paths}",rank="{rank}",version="{version}"}} 1.0\n')
+    return (f'llmmon_job_nccl_transport_info{{devices="{devices}",gdr="{gdr}",job_id="{job}",'
+            f'net="{net}",paths="{paths}",ranks="{ranks}",version="{version}"}} 1.0\n')
 
 
 def settings(job: str, checked: str = CHECKED, **values: str) -> str:
@@ -71,21 +72,21 @@ def report_check(one: LocalView, check_id: str) -> dict:
 
 # -- transport ------------------------------------------------------------------------------------
 def test_ranks_of_a_multi_node_job_on_sockets_beside_rdma_ports_are_suspect() -> None:
-    found = network.rdma_in_use(view(RANKS + PORTS + transport("llama", 0, "Socket")
-                                     + transport("llama", 1, "Socket")), Thresholds())
+    found = network.rdma_in_use(view(RANKS + PORTS + transport("llama", "0-1", "Socket")),
+                                Thresholds())
     assert found.verdict == "suspect" and found.alert == "NCCLNotUsingRDMA"
-    assert texts(found) == ["job llama: ranks 0, 1 use NET/Socket (NCCL 2.21.5): TCP although "
+    assert texts(found) == ["job llama: ranks 0-1 use NET/Socket (NCCL 2.21.5): TCP although "
                             "the node has RDMA ports"]
     assert found.evidence[0].values == {"ranks": 2}
     assert found.summary.startswith("NCCL runs over TCP sockets on a multi-node job")
 
 
 def test_ranks_on_ib_are_ok_from_one_observation() -> None:
-    found = network.rdma_in_use(view(RANKS + PORTS + transport("llama", 0, "IB", "1")
-                                     + transport("llama", 1, "IB", "1")), Thresholds())
+    found = network.rdma_in_use(view(RANKS + PORTS + transport("llama", "0-1", "IB", "1")),
+                                Thresholds())
     assert found.verdict == "ok", found
     assert texts(found) == [
-        "job llama: ranks 0, 1 use NET/IB (NCCL 2.21.5) on mlx5_0:1/RoCE,mlx5_1:1/RoCE, with "
+        "job llama: ranks 0-1 use NET/IB (NCCL 2.21.5) on mlx5_0:1/RoCE,mlx5_1:1/RoCE, with "
         "GPUDirect RDMA", f"traffic not judged: {NEEDS_RATES}"]
 
 
@@ -95,12 +96,12 @@ def test_without_logs_or_rates_the_transport_is_unknown() -> None:
 
 
 def test_sockets_of_a_single_node_job_or_on_a_node_without_rdma_ports_are_fine() -> None:
-    solo = network.rdma_in_use(view(RANKS + PORTS + transport("solo", 0, "Socket")),
+    solo = network.rdma_in_use(view(RANKS + PORTS + transport("solo", "0", "Socket")),
                                Thresholds())
     assert solo.verdict == "ok"
     assert texts(solo)[0] == ("job solo: rank 0 use NET/Socket (NCCL 2.21.5): a single-node "
                               "job, nothing crosses the fabric")
-    bare = network.rdma_in_use(view(RANKS + transport("llama", 0, "Socket")), Thresholds())
+    bare = network.rdma_in_use(view(RANKS + transport("llama", "0", "Socket")), Thresholds())
     assert bare.verdict == "ok"
     assert texts(bare)[0].endswith("use NET/Socket (NCCL 2.21.5): the node has no RDMA port")
 
@@ -125,7 +126,7 @@ def test_the_traffic_ratio_judges_only_jobs_without_transport_evidence() -> None
                                 Thresholds())
     assert blind.verdict == "suspect" and blind.alert == "NCCLNotUsingRDMA"
     assert "multi-node job(s) llama" in texts(blind)[0]
-    logged = RANKS + PORTS + transport("llama", 0, "IB", "1")
+    logged = RANKS + PORTS + transport("llama", "0", "IB", "1")
     seen = network.rdma_in_use(view(logged + before, logged + after), Thresholds())
     assert seen.verdict == "ok", seen
     assert texts(seen)[1] == ("this node: RDMA 0 B/s, TCP 400 MB/s; not judged: the NCCL logs "
@@ -286,5 +287,4 @@ def test_the_branch_walks_the_checklist_in_the_seeds_order() -> None:
     assert [c.id for c in branch.checks][:8] == [
         "rdma_in_use", "gpu_nic_affinity", "nccl_rails", "nccl_gid_index", "nccl_socket_ifname",
         "gpudirect", "nccl_p2p_shm", "pfc_ecn"]
-    mapped = {c for c in network.NCCL_CHECKS}
-    assert len(mapped) == 13
+    assert tuple(network.NCCL_CHECKS) == CHECKS  # every check the collector exports, in order

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from llmmon.cli import build_parser
+from llmmon.collectors import discover
+from llmmon.config import build_settings
 from llmmon.network.nccl_checks import CHECKS
+from llmmon.serve.assembly import build
 from llmmon.simulate.node import NodeSim
 from llmmon.simulate.scenarios import SCENARIOS
 from tests.simulate.conftest import Exposition, expose
@@ -91,3 +95,25 @@ def test_without_the_ranks_environment_the_reporter_s_copy_is_judged(work: Path)
     assert findings(exposed) == {"ib_hca_missing_rail"}
     (settings,) = series(exposed, "llmmon_job_nccl_settings_info")
     assert settings["ib_gid_index"] == "3"
+
+
+def test_each_finding_s_evidence_and_fix_are_served(work: Path) -> None:
+    """What a label cannot carry (the GID the index points at, its type) is at /api/v1/nccl."""
+    node = ticked(work, "nccl-gid-index-not-rocev2", nodes=2).nodes[0]
+    args = build_parser().parse_args(["serve", *node.paths.serve_args(), *ONLY_NCCL])
+    daemon = build(build_settings(args, discover()))
+    try:
+        for _ in range(2):
+            for collector in daemon.collectors:
+                daemon.sampler.run_once(collector)
+        served = daemon.routes().get["nccl"]()
+    finally:
+        for collector in daemon.collectors:
+            collector.close()
+    (job,) = served["jobs"]
+    assert job["job_id"] == "pretrain-0" and job["multi_node"] is True
+    (finding,) = job["findings"]
+    assert finding["check"] == "gid_index_not_rocev2"
+    assert "RoCE v1" in finding["evidence"] and "mlx5_0" in finding["evidence"], finding
+    assert finding["fix"]
+    assert job["transport"][0]["ranks"] == "0-7"

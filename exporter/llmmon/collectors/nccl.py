@@ -15,8 +15,9 @@ import each other).
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client.core import Metric
@@ -89,6 +90,8 @@ class NcclCollector(Collector):
         self._ranks: dict[tuple[int, int], RankRead] = {}
         self._node: tuple[float, NodeFacts] | None = None
         self._shared_dir = ""  # the dump directory, at the same path on the host and in pods
+        self._lock = threading.Lock()
+        self._judged: list[dict[str, Any]] = []  # the last run's jobs, for /api/v1/nccl
 
     def attach(self, evidence: Callable[[], stall.Evidence], fr_dir: str,
                digests: Callable[[], list[Any]]) -> None:
@@ -106,8 +109,11 @@ class NcclCollector(Collector):
             return families
         jobs = [job for job in self._evidence().jobs if any(r.alive for r in job.ranks)]
         ctx.watching(len(jobs), "jobs")
+        judged: list[dict[str, Any]] = []
         if not jobs:
             self._ranks.clear()
+            with self._lock:
+                self._judged = judged
             return families
         node = self._node_facts()
         live: set[tuple[int, int]] = set()
@@ -119,12 +125,24 @@ class NcclCollector(Collector):
                 who = view.state.identity
                 live.add((who.pid, who.start_ticks))
                 reads.append((view, self._read_rank(ctx, job.job_id, view)))
-            self._export(families, job.job_id, reads, node)
+            judged.append(self._export(families, job.job_id, reads, node))
         self._ranks = {k: v for k, v in self._ranks.items() if k in live}
+        with self._lock:
+            self._judged = judged
         return families
 
+    def api(self) -> dict[str, Callable[[], Any]]:
+        return {"nccl": self.judged}
+
+    def judged(self) -> dict[str, Any]:
+        """GET /api/v1/nccl: each job's settings, the checks that applied, each finding with
+        its evidence and fix (what the metrics cannot carry), and what NCCL chose."""
+        with self._lock:
+            return {"jobs": list(self._judged)}
+
     def _export(self, families: Families, job_id: str,
-                reads: list[tuple[stall.RankView, RankRead]], node: NodeFacts) -> None:
+                reads: list[tuple[stall.RankView, RankRead]], node: NodeFacts) -> dict[str, Any]:
+        """The job's series; returns what /api/v1/nccl shows of it."""
         chose: dict[tuple[str, ...], list[int]] = {}
         for view, read in reads:
             log = read.log
@@ -133,11 +151,15 @@ class NcclCollector(Collector):
                           _label(",".join(log.net_devices)),
                           _label(",".join(sorted(log.paths))))
                 chose.setdefault(choice, []).append(view.rank)
+        transport = []
         for choice, ranks in sorted(chose.items()):
             families.add(TRANSPORT, [job_id, _label(rank_ranges(ranks)), *choice], 1)
+            transport.append(dict(zip(TRANSPORT.labels[1:], (rank_ranges(ranks), *choice))))
+        judged: dict[str, Any] = {"job_id": job_id, "settings": None, "checked": [],
+                                  "findings": [], "transport": transport}
         settings = next((r.settings for _, r in reads if r.settings is not None), None)
         if settings is None:
-            return
+            return judged
         world = max(v.state.identity.world_size for v, _ in reads)
         multi_node = world > len(reads)
         gpus = [v.state.identity.uuid for v, _ in reads if v.state.identity.uuid]
@@ -148,6 +170,10 @@ class NcclCollector(Collector):
                                           for name in SETTINGS_LABELS), ",".join(applied)], 1)
         for check in sorted({f.check for f in findings}, key=nccl_checks.CHECKS.index):
             families.add(MISCONFIGURED, [job_id, check], 1)
+        judged.update(settings={name: getattr(settings, name) for name in SETTINGS_LABELS},
+                      multi_node=multi_node, checked=list(applied),
+                      findings=[asdict(f) for f in findings])
+        return judged
 
     def _read_rank(self, ctx: Context, job_id: str, view: stall.RankView) -> RankRead:
         """The rank's settings (its environment, read once per process) and its NCCL log

@@ -7,7 +7,7 @@ docs/design.md#reference-bus-bandwidth?
 
 The NCCL checks read the nccl collector's series (docs/network.md): each job's settings on the
 node (`llmmon_job_nccl_settings_info`), the checks they fail (`llmmon_job_nccl_misconfigured`,
-present only while failing) and each rank's chosen transport (`llmmon_rank_nccl_transport_info`).
+present only while failing) and what the ranks' NCCL logs say it chose (`llmmon_job_nccl_transport_info`, one series per choice with the `ranks` that made it).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ REFERENCE_GPUS = ("H100", "H200", "GH200")
 MIN_MESSAGE_BYTES = 128 << 20
 SETTINGS = "llmmon_job_nccl_settings_info"
 FINDINGS = "llmmon_job_nccl_misconfigured"
-TRANSPORT = "llmmon_rank_nccl_transport_info"
+TRANSPORT = "llmmon_job_nccl_transport_info"
 # The variables behind the labels of SETTINGS.
 VARIABLES = {"ib_hca": "NCCL_IB_HCA", "ib_gid_index": "NCCL_IB_GID_INDEX",
              "socket_ifname": "NCCL_SOCKET_IFNAME", "net_gdr_level": "NCCL_NET_GDR_LEVEL",
@@ -113,13 +113,26 @@ def _traffic(view: View, prefix: str, selector: str = "") -> dict[tuple[str, ...
     return _per_node(both[0] + both[1])
 
 
-def _rank_order(rank: str) -> tuple[int, str]:
-    return (int(rank), "") if rank.isdigit() else (1 << 30, rank)
+def _rank_order(ranks: str) -> tuple[int, str]:
+    first = ranks.split(",")[0].split("-")[0]
+    return (int(first), ranks) if first.isdigit() else (1 << 30, ranks)
+
+
+def _rank_count(members: list[Sample]) -> int:
+    """How many ranks the series' `ranks` labels name."""
+    count = 0
+    for sample in members:
+        for part in (sample.get("ranks") or "").split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (high or low).isdigit():
+                count += int(high or low) - int(low) + 1
+    return count
 
 
 def _ranks(members: list[Sample]) -> str:
-    names = sorted((s.get("rank") for s in members), key=_rank_order)
-    return f"rank{'s' if len(names) > 1 else ''} {', '.join(names)}"
+    """The ranks the series name (`0-3,6`, one series per choice of theirs)."""
+    names = sorted((s.get("ranks") for s in members), key=_rank_order)
+    return f"rank{'s' if _rank_count(members) > 1 else ''} {', '.join(names)}"
 
 
 def _transport(view: View) -> tuple[list[Evidence], list[Evidence], set[tuple[str, ...]]]:
@@ -137,25 +150,25 @@ def _transport(view: View) -> tuple[list[Evidence], list[Evidence], set[tuple[st
         head = f"job {job}{d.on_node(first)}: {_ranks(members)}"
         if not net:
             fine.append(d.evidence(first, ("job_id",), f"{head}: the NCCL log names no network "
-                                   "(yet)", ranks=len(members)))
+                                   "(yet)", ranks=_rank_count(members)))
         elif net == "Socket":
             text = f"{head} use NET/Socket{version}"
             if (cluster, node) not in has_ports:
                 fine.append(d.evidence(first, ("job_id",), f"{text}: the node has no RDMA port",
-                                       ranks=len(members)))
+                                       ranks=_rank_count(members)))
             elif job not in spanning.get((cluster, node), []):
                 fine.append(d.evidence(first, ("job_id",), f"{text}: a single-node job, nothing "
-                                       "crosses the fabric", ranks=len(members)))
+                                       "crosses the fabric", ranks=_rank_count(members)))
             else:
                 bad.append(d.evidence(first, ("job_id",), f"{text}: TCP although the node has "
-                                      "RDMA ports", ranks=len(members)))
+                                      "RDMA ports", ranks=_rank_count(members)))
         else:
             gdr = {s.get("gdr") for s in members}
             how = ("with GPUDirect RDMA" if gdr == {"1"} else "without GPUDirect RDMA"
                    if "0" in gdr else "GPUDirect RDMA not logged")
             fine.append(d.evidence(first, ("job_id",), f"{head} use NET/{net}{version} on "
                                    f"{first.get('devices') or 'devices not logged'}, {how}",
-                                   ranks=len(members)))
+                                   ranks=_rank_count(members)))
     evidenced = {key(s, JOB) for s in ranks if s.get("net")}
     return bad, fine, evidenced
 
