@@ -3,6 +3,9 @@ misconfiguration scenario trips its own check and no other, and the healthy job 
 
 from __future__ import annotations
 
+import json
+import time
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,9 @@ from tests.simulate.test_node import ticked
 NCCL_SCENARIOS = {name: cls for name, cls in SCENARIOS.items() if name.startswith("nccl-")}
 # The one scenario whose cause has a consequence the checklist also names: IB switched off
 # makes NCCL choose sockets.
-ALSO = {"nccl-ib-disabled": {"transport_socket"}}
+# makes NCCL choose sockets; NICs that lost their RDMA device are still in NCCL_IB_HCA.
+ALSO = {"nccl-ib-disabled": {"transport_socket"},
+        "nccl-gpu-nic-cross-socket": {"ib_hca_unknown"}}
 
 
 # What the nccl collector reads beside its own trees: the ranks collector's verdicts and the
@@ -117,3 +122,39 @@ def test_each_finding_s_evidence_and_fix_are_served(work: Path) -> None:
     assert "RoCE v1" in finding["evidence"] and "mlx5_0" in finding["evidence"], finding
     assert finding["fix"]
     assert job["transport"][0]["ranks"] == "0-7"
+
+
+def test_a_log_in_the_shared_dump_directory_is_read_from_the_host(work: Path) -> None:
+    """Where the rank's own root is out of reach (no CAP_SYS_PTRACE: no environ either), the
+    NCCL_DEBUG_FILE its reporter names in the dump directory, which the node shares with its
+    pods at the same path, is read from the host."""
+    cluster = ticked(work, nodes=2)
+    node = cluster.nodes[0]
+    shared = node.paths.root / "fr" / "pretrain-0"
+    shared.mkdir(parents=True)
+    for state in node.paths.spool.glob("*/*.json"):
+        doc = json.loads(state.read_text())
+        if doc.get("kind") != "state":
+            continue
+        who = doc["identity"]
+        who["nccl_env"]["NCCL_DEBUG_FILE"] = f"{shared}/nccl.%h.%p.log"
+        state.write_text(json.dumps(doc))
+        log = node.paths.procfs / str(who["pid"]) / "root" / "tmp" / \
+            f"nccl.{who['pod']}.{who['pid']}.log"
+        (shared / f"nccl.{who['pod']}.{who['pid']}.log").write_bytes(log.read_bytes())
+    for proc in node.paths.procfs.glob("[0-9]*"):
+        (proc / "environ").unlink()
+        shutil.rmtree(proc / "root")
+    exposed = judged(node)
+    (transport,) = series(exposed, "llmmon_job_nccl_transport_info")
+    assert (transport["ranks"], transport["net"], transport["gdr"]) == ("0-7", "IB", "1")
+    assert findings(exposed) == set()
+
+
+def test_nics_bound_again_end_the_cross_socket_finding(work: Path) -> None:
+    cluster = ticked(work, "nccl-gpu-nic-cross-socket", nodes=2)
+    assert "gpu_nic_cross_socket" in findings(judged(cluster.nodes[0]))
+    later = time.time() + 10
+    cluster.set_scenarios([], later)
+    cluster.tick(later)
+    assert findings(judged(cluster.nodes[0])) == set()

@@ -70,6 +70,7 @@ class NodeCondition:
     io_pressure_full: float = 0.0
     tcp_bytes: float = 2e6  # management netdev, per second each way
     gpudirect: bool = True
+    unbound_nics: frozenset[int] = frozenset()  # NICs whose driver did not bind: no RDMA device
     nccl: NcclCondition = field(default_factory=NcclCondition)
 
 

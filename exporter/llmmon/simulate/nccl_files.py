@@ -56,7 +56,7 @@ def log_path(pod: str, pid: int) -> str:
 
 
 def log(layout: NodeLayout, pod: str, pid: int, local_rank: int, rank: int, world: int,
-        nodes: int, cond: NcclCondition) -> str:
+        nodes: int, cond: NcclCondition, unbound: frozenset[int] = frozenset()) -> str:
     """The rank's NCCL log after its communicator started: a ring through the node's GPUs
     over P2P, and, when the job spans nodes, one channel per GPU to the next node over the
     network (each GPU's own rail)."""
@@ -65,7 +65,8 @@ def log(layout: NodeLayout, pod: str, pid: int, local_rank: int, rank: int, worl
     lines = [head + "Bootstrap : Using " + f"{layout.management_netdev}:10.0.{layout.index}.10<0>",
              f"NCCL version {cond.version}"]  # printed bare, as in the fixtures
     if cond.net == "IB":
-        used = " ".join(f"[{i}]{nic.device}:1/RoCE" for i, nic in enumerate(layout.nics))
+        nics = [nic for nic in layout.nics if nic.index not in unbound]
+        used = " ".join(f"[{i}]{nic.device}:1/RoCE" for i, nic in enumerate(nics))
         lines.append(init + f"NET/IB : Using {used} [RO]; OOB "
                      f"{layout.management_netdev}:10.0.{layout.index}.10<0>")
     else:

@@ -133,7 +133,7 @@ class NodeSim:
             self.nvml.write(f"gpu{gpu.index:02d}.json",
                             files.render(gpu_cond, process, now, seconds, window))
         sysfs_files.update(self.sysfs, self.layout, cond.ports, self.counters, seconds,
-                           cond.gpudirect)
+                           cond.gpudirect, cond.unbound_nics)
         for nic, port in zip(self.layout.nics, cond.ports):
             self.ethtool.write(nic.netdev, nic_files.dump(nic.netdev, port, self.counters,
                                                           seconds))
@@ -152,7 +152,8 @@ class NodeSim:
             self.procfs.write(f"{rank.pid}/environ", nccl_files.environ_bytes(env))
             self.procfs.write(f"{rank.pid}/root{nccl_files.log_path(pod, rank.pid)}",
                               nccl_files.log(self.layout, pod, rank.pid, rank.local_rank,
-                                             rank.rank, job.world_size, nodes, cond.nccl))
+                                             rank.rank, job.world_size, nodes, cond.nccl,
+                                             cond.unbound_nics))
         self.spool.write(job, list(ranks.values()), now, env)  # none: the job's logs are closed
 
     @staticmethod

@@ -415,6 +415,22 @@ class NcclSingleQp(_NcclScenario):
         nccl.env["NCCL_IB_SPLIT_DATA_ON_QPS"] = None
 
 
+class NcclGpuNicCrossSocket(_NcclScenario):
+    name, check = "nccl-gpu-nic-cross-socket", "gpu_nic_cross_socket"
+    help = ("The NICs of the second socket lost their RDMA devices (the driver did not bind "
+            "after a firmware update): that socket's GPUs reach a NIC only across the sockets "
+            "(SYS), and NCCL_IB_HCA still names the missing devices.")
+
+    def bind(self, job: Job, layout: NodeLayout) -> None:
+        sockets = {nic.switch.numa for nic in layout.nics}
+        self.gone = frozenset(nic.index for nic in layout.nics if nic.switch.numa == max(sockets))
+        if len(sockets) < 2:
+            raise ValueError(f"{self.name}: the node's NICs sit on one socket")
+
+    def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
+        node.unbound_nics = self.gone
+
+
 SCENARIOS: dict[str, type[Scenario]] = {
     cls.name: cls for cls in (Healthy, Starvation, Hang, Straggler, Thermal, PfcStorm, Oom,
                               Fp16, LinkFlap, GpuLost, PcieDowntrain, RowRemap,
@@ -422,4 +438,4 @@ SCENARIOS: dict[str, type[Scenario]] = {
                               NcclIbHcaUnknown, NcclIbHcaMissingRail, NcclGidIndexUnset,
                               NcclGidIndexNotRocev2, NcclSocketIfnameDown, NcclGdrUnavailable,
                               NcclGdrLevelBlocks, NcclP2pDisabled, NcclShmDisabled,
-                              NcclSingleQp)}
+                              NcclSingleQp, NcclGpuNicCrossSocket)}

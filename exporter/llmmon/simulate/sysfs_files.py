@@ -128,8 +128,14 @@ def _gid_table(tree: Tree, port: str, nic: Nic) -> None:
 
 
 def update(tree: Tree, layout: NodeLayout, ports: list[PortCondition], counters: Counters,
-           seconds: float, gpudirect: bool) -> None:
-    """Advance every port's counters by `seconds` under `ports` and write what moved."""
+           seconds: float, gpudirect: bool, unbound: frozenset[int] = frozenset()) -> None:
+    """Advance every port's counters by `seconds` under `ports` and write what moved; an
+    `unbound` NIC has no RDMA device (its driver did not bind), as long as it stays so."""
+    for nic in layout.nics:
+        if nic.index in unbound:
+            tree.remove(f"class/infiniband/{nic.device}")
+        else:
+            tree.link(f"class/infiniband/{nic.device}", f"{nic_path(nic)}/infiniband/{nic.device}")
     for nic, cond in zip(layout.nics, ports):
         key = f"{nic.device}/"
         counters.advance(key + "port_xmit_data", cond.tx_bytes / 4, seconds)
