@@ -36,7 +36,7 @@ def captured(name: str, **labels: str) -> tuple[str, tuple]:
 def eight(gpu_collector):
     """Two runs over the 8-GPU fixture with 40 instant power ticks and every XID between."""
     collector = gpu_collector(H200X8, power_limit_bounds=True,  # the golden has every family
-                              power_instant_latest=True)
+                              power_instant_latest=True, sm_occupancy=True)
     collector.xid.clock = lambda: XID_TIME
     _, first, _ = run(collector)  # discovers the GPUs; the power sampler learns their limits
     assert first.error_count == 0, first.errors
@@ -54,7 +54,7 @@ def test_golden_exposition_of_eight_gpus(eight) -> None:
     compare_golden("gpu.prom", text)
 
 
-def test_power_limit_bounds_and_the_latest_instant_sample_are_off_by_default(
+def test_power_limit_bounds_the_latest_instant_sample_and_occupancy_are_off_by_default(
         gpu_collector) -> None:
     collector = gpu_collector(H200X8)
     run(collector)  # the power sampler learns the limits
@@ -66,6 +66,7 @@ def test_power_limit_bounds_and_the_latest_instant_sample_are_off_by_default(
             "llmmon_gpu_power_instant_min_watts"} <= names
     assert "llmmon_gpu_power_limit_bound_watts" not in names
     assert "llmmon_gpu_power_instant_watts" not in names
+    assert "llmmon_gpu_sm_active_ratio" in names and "llmmon_gpu_sm_occupancy_ratio" not in names
 
 
 def test_promtool_lints_the_exposition_clean(eight) -> None:

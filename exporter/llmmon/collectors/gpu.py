@@ -376,6 +376,11 @@ class GpuCollector(Collector):
                "Also export llmmon_gpu_power_instant_watts, the latest 20 Hz sample (one series "
                "per GPU that no shipped rule or dashboard reads: the window's min, mean and max "
                "are always exported)."),
+        Option("sm_occupancy", "bool", False,
+               "Also export llmmon_gpu_sm_occupancy_ratio (GPM, Hopper and newer: resident "
+               "warps over the maximum; one series per GPU that no shipped rule or dashboard "
+               "reads: llmmon_gpu_sm_active_ratio, what the MFU triage reads, is always "
+               "exported)."),
         Option("peak_flops_dtypes", "list", "bf16",
                "Dtypes whose llmmon_gpu_peak_flops is exported (bf16, fp16, fp8, tf32; "
                "default bf16, the MFU denominator the shipped rules read: each other dtype is "
@@ -518,9 +523,10 @@ class GpuCollector(Collector):
         if utilization is not None:
             out += [(UTILIZATION, (), utilization["gpu"] / 100),
                     (MEMORY_CONTROLLER, (), utilization["memory"] / 100)]
-        activity = reader.gpm([name for name, _ in GPM_METRICS])
-        out += [(spec, (), activity[name] / 100) for name, spec in GPM_METRICS
-                if name in activity]
+        wanted = [(name, spec) for name, spec in GPM_METRICS
+                  if spec is not SM_OCCUPANCY or self.config["sm_occupancy"]]
+        activity = reader.gpm([name for name, _ in wanted])
+        out += [(spec, (), activity[name] / 100) for name, spec in wanted if name in activity]
         memory = reader.call("memory_info_v2") or reader.call("memory_info")
         if memory is not None:
             out += [(MEMORY, (state,), memory[state])

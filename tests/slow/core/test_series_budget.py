@@ -69,6 +69,7 @@ def test_the_budget_node_fits_the_default_budget_with_room_for_its_reporters(
     series = samples[("llmmon_exporter_series", ())]
     per_collector = {dict(labels)["collector"]: value for (name, labels), value in samples.items()
                      if name == "llmmon_exporter_collector_series"}
+    print("series:", series, "per collector:", per_collector)  # for the dated result
     assert samples[("llmmon_exporter_series_budget_exceeded", ())] == 0, per_collector
     assert series + ACTIVITY_SERIES_PER_RANK * 8 <= \
         samples[("llmmon_exporter_series_budget", ())] == 2000, per_collector
