@@ -24,7 +24,7 @@ from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context, Environment
 from llmmon.metrics import Families, MetricSpec
-from llmmon.network import nccl_checks, nccl_log
+from llmmon.network import nccl_checks, nccl_log, nccl_settings
 from llmmon.network.nccl_checks import NodeFacts
 from llmmon.network.nccl_settings import NcclSettings
 from llmmon.options import Option
@@ -32,15 +32,12 @@ from llmmon.ranks import stall
 from llmmon.sources import pci, procenv, procroot
 from llmmon.sources.fs import SourceError
 
-SETTINGS_LABELS = ("ib_hca", "ib_gid_index", "socket_ifname", "net_gdr_level",
-                   "ib_qps_per_connection", "ib_disable", "p2p_disable", "shm_disable", "net",
-                   "algo", "proto")
 SETTINGS = MetricSpec(
     "llmmon_job_nccl_settings_info", "info",
     "The NCCL settings of a job's ranks on this node (the environment of its lowest local "
     "rank whose environment could be read; '' unset); checked lists the checklist's checks "
     "that apply to the job here (llmmon_job_nccl_misconfigured names the failing ones).",
-    ("job_id", *SETTINGS_LABELS, "checked"))
+    ("job_id", *nccl_settings.EXPORTED, "checked"))
 MISCONFIGURED = MetricSpec(
     "llmmon_job_nccl_misconfigured", "gauge",
     "1 while a check of the NCCL checklist fails for a job on this node (check: "
@@ -167,10 +164,10 @@ class NcclCollector(Collector):
             or next((r.log for _, r in reads if r.log is not None and r.log.lines), None)
         applied, findings = nccl_checks.check(settings, node, gpus, log, multi_node)
         families.add(SETTINGS, [job_id, *(_label(getattr(settings, name))
-                                          for name in SETTINGS_LABELS), ",".join(applied)], 1)
+                                          for name in nccl_settings.EXPORTED), ",".join(applied)], 1)
         for check in sorted({f.check for f in findings}, key=nccl_checks.CHECKS.index):
             families.add(MISCONFIGURED, [job_id, check], 1)
-        judged.update(settings={name: getattr(settings, name) for name in SETTINGS_LABELS},
+        judged.update(settings={name: getattr(settings, name) for name in nccl_settings.EXPORTED},
                       multi_node=multi_node, checked=list(applied),
                       findings=[asdict(f) for f in findings])
         return judged

@@ -30,6 +30,11 @@ _INTEGER = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 _ATOI = re.compile(r"\s*([+-]?[0-9]{1,18})")
 
 
+def variable(field: str) -> str:
+    """The environment variable behind a field of NcclSettings (ib_hca -> NCCL_IB_HCA)."""
+    return "NCCL_" + field.upper()
+
+
 @dataclass(frozen=True)
 class NcclSettings:
     """The NCCL variables that decide transport and performance; '' means unset."""
@@ -62,9 +67,15 @@ class NcclSettings:
         """The settings in `env` (NCCL_IB_HCA -> ib_hca, ...), each cut to MAX_VALUE."""
         values = {}
         for field in fields(cls):
-            value = env.get("NCCL_" + field.name.upper(), "")
+            value = env.get(variable(field.name), "")
             values[field.name] = value[:MAX_VALUE] if isinstance(value, str) else ""
         return cls(**values)
+
+
+# The settings llmmon_job_nccl_settings_info carries as labels: those that decide the
+# transport and its performance (the rest are read for the checks only).
+EXPORTED = ("ib_hca", "ib_gid_index", "socket_ifname", "net_gdr_level", "ib_qps_per_connection",
+            "ib_disable", "p2p_disable", "shm_disable", "net", "algo", "proto")
 
 
 def nccl_int(text: str) -> int | None:

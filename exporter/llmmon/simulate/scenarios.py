@@ -295,6 +295,9 @@ class _NcclScenario(Scenario):
     check: ClassVar[str]  # the llmmon_job_nccl_misconfigured check it trips
     alerts = ("NCCLMisconfigured",)
 
+    def bind(self, job: Job, layout: NodeLayout) -> None:
+        self.rails = [f"{nic.device}:1" for nic in layout.nics]  # every port, as NCCL_IB_HCA
+
     def condition(self, node: NodeCondition, tick: Tick) -> None:
         self.bend(node, node.nccl)
 
@@ -327,9 +330,6 @@ class NcclIbHcaUnknown(_NcclScenario):
     help = ("NCCL_IB_HCA lists every rail and a device the node does not have (mlx5_bond_0, "
             "left from another node type).")
 
-    def bind(self, job: Job, layout: NodeLayout) -> None:
-        self.rails = [f"{nic.device}:1" for nic in layout.nics]
-
     def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
         nccl.env["NCCL_IB_HCA"] = "=" + ",".join([*self.rails, "mlx5_bond_0:1"])
 
@@ -337,9 +337,6 @@ class NcclIbHcaUnknown(_NcclScenario):
 class NcclIbHcaMissingRail(_NcclScenario):
     name, check = "nccl-ib-hca-missing-rail", "ib_hca_missing_rail"
     help = "NCCL_IB_HCA lists all rails but the last: one NIC's bandwidth is never used."
-
-    def bind(self, job: Job, layout: NodeLayout) -> None:
-        self.rails = [f"{nic.device}:1" for nic in layout.nics]
 
     def bend(self, node: NodeCondition, nccl: NcclCondition) -> None:
         nccl.env["NCCL_IB_HCA"] = "=" + ",".join(self.rails[:-1])
@@ -422,6 +419,7 @@ class NcclGpuNicCrossSocket(_NcclScenario):
             "(SYS), and NCCL_IB_HCA still names the missing devices.")
 
     def bind(self, job: Job, layout: NodeLayout) -> None:
+        super().bind(job, layout)
         sockets = {nic.switch.numa for nic in layout.nics}
         self.gone = frozenset(nic.index for nic in layout.nics if nic.switch.numa == max(sockets))
         if len(sockets) < 2:

@@ -17,6 +17,7 @@ from llmmon.diagnose.model import Evidence, Outcome, ok, suspect, unknown
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import NEEDS_RATES, BranchSpec, CheckSpec
 from llmmon.diagnose.view import Sample, View, group, index, key, total
+from llmmon.network.nccl_settings import variable
 
 NODE = ("cluster", "node")
 JOB = ("cluster", "job_id")
@@ -40,13 +41,6 @@ MIN_MESSAGE_BYTES = 128 << 20
 SETTINGS = "llmmon_job_nccl_settings_info"
 FINDINGS = "llmmon_job_nccl_misconfigured"
 TRANSPORT = "llmmon_job_nccl_transport_info"
-# The variables behind the labels of SETTINGS.
-VARIABLES = {"ib_hca": "NCCL_IB_HCA", "ib_gid_index": "NCCL_IB_GID_INDEX",
-             "socket_ifname": "NCCL_SOCKET_IFNAME", "net_gdr_level": "NCCL_NET_GDR_LEVEL",
-             "ib_qps_per_connection": "NCCL_IB_QPS_PER_CONNECTION",
-             "ib_disable": "NCCL_IB_DISABLE", "p2p_disable": "NCCL_P2P_DISABLE",
-             "shm_disable": "NCCL_SHM_DISABLE", "net": "NCCL_NET", "algo": "NCCL_ALGO",
-             "proto": "NCCL_PROTO"}
 # Every check of llmmon.network.nccl_checks.CHECKS (the `check` label of FINDINGS, in the seed's
 # order): what its failure means and the fix, as docs/runbooks.md#ncclmisconfigured says at
 # length (one subsection per check).
@@ -226,7 +220,7 @@ def _nccl_settings(view: View, checks: tuple[str, ...], shown: tuple[str, ...]
     for where in sorted(set(settings) | set(failing)):
         cluster, node, job = where
         sample = settings.get(where) or Sample(dict(zip(NODE_JOB, where)), 1.0)
-        values = ", ".join(f'{VARIABLES[name]}="{sample.get(name)}"' for name in shown)
+        values = ", ".join(f'{variable(name)}="{sample.get(name)}"' for name in shown)
         head = f"job {job}{d.on_node(sample)}" + (f" ({values})" if values and where in settings
                                                    else "")
         ran = [c for c in sample.get("checked").split(",") if c in checks]
