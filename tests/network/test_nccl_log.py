@@ -222,3 +222,19 @@ def _timed(text: str) -> float:
     elapsed = time.perf_counter() - started
     assert isinstance(log, NcclLog) and log.lines > 10_000
     return elapsed
+
+
+def test_what_nccl_says_it_applied_is_read_from_real_logs() -> None:
+    """NCCL's ENV lines show the settings it applied (the environment and /etc/nccl.conf);
+    integer settings end in a full stop that is not part of the value."""
+    def applied(name: str) -> dict[str, str]:
+        return dict(parse((LOGS / name).read_text(errors="replace")).applied)
+
+    assert applied("nccl-socket-loopback-gdr-disabled.log") == {
+        "NCCL_IBEXT_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "lo"}
+    assert applied("nccl-2.4.7-ib-with-socket-bootstrap.log") == {"NCCL_IB_DISABLE": "0"}
+    assert applied("nccl-2.21.5-cloudwatch-prefix.log") == {"NCCL_SOCKET_IFNAME": "eth0"}
+    assert applied("nccl-2.19.3-roce-ro.log") == {}
+    fake = "\n".join(f"h:1:1 [0] NCCL INFO NCCL_X{i} set by environment to v{i}."
+                     for i in range(500))
+    assert len(parse(fake).applied) == 64 and dict(parse(fake).applied)["NCCL_X0"] == "v0."

@@ -69,6 +69,7 @@ def test_ports() -> None:
     assert hca("mlx5_0:1,mlx5_1:1", "mlx5_1", 1) and not hca("mlx5_0:1", "mlx5_0", 2)
     assert hca("mlx5_0", "mlx5_0", 2)  # no port: every port
     assert not hca("mlx5_0:x", "mlx5_0", 1)  # atoi("x") is port 0, which no port has
+    assert not hca("mlx5_0:", "mlx5_0", 1)  # an empty port is atoi("") = 0 as well
     assert hca("mlx5_0:1:0:0", "mlx5_0", 1)  # rail and plane fields are ignored
     assert hca("mlx5_0:-1", "mlx5_0", 3)  # -1 is NCCL's "any port"
     assert parse_device_list("mlx5_0:1").matches("mlx5_0")  # interfaces have no port

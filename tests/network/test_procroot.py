@@ -1,6 +1,6 @@
 """A rank's NCCL log read through /proc/<pid>/root: the job names the path, so the daemon
-reads only a regular file its user owns, never follows a final link, never blocks on a FIFO,
-and reads at most what it was asked."""
+walks it without following any link and without `..`, reads only a regular file its user
+owns, never blocks on a FIFO, and reads at most what it was asked."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llmmon.collectors.nccl import expand_debug_file, rank_ranges
+from llmmon.collectors.nccl import rank_ranges
+from llmmon.network.nccl_reads import expand_debug_file, host_name
 from llmmon.sources import procroot
 from llmmon.sources.fs import RootedFS, SourceError
 
@@ -18,9 +19,9 @@ PID = 4242
 
 @pytest.fixture
 def proc(tmp_path: Path) -> RootedFS:
-    (tmp_path / str(PID) / "root" / "logs").mkdir(parents=True)
-    (tmp_path / str(PID) / "status").write_text("Name:\tpython\nNSpid:\t4242\t17\n")
-    return RootedFS(str(tmp_path))
+    (tmp_path / "proc" / str(PID) / "root" / "logs").mkdir(parents=True)
+    (tmp_path / "proc" / str(PID) / "status").write_text("Name:\tpython\nNSpid:\t4242\t17\n")
+    return RootedFS(str(tmp_path / "proc"))
 
 
 def test_the_pid_is_the_one_inside_the_rank_s_namespace(proc: RootedFS) -> None:
@@ -28,46 +29,69 @@ def test_the_pid_is_the_one_inside_the_rank_s_namespace(proc: RootedFS) -> None:
     assert procroot.ns_pid(proc, 999) == 999  # gone, or a kernel without NSpid
 
 
-@pytest.mark.parametrize("template, expected", [
-    ("/logs/nccl.%h.%p.log", "/logs/nccl.*.17.log"),
-    ("/logs/nccl.log", "/logs/nccl.log"),
-    ("/logs/100%%.%q.%", "/logs/100%.%q.%"),
+@pytest.mark.parametrize("template, host, expected", [
+    ("/logs/nccl.%h.%p.log", "*", "/logs/nccl.*.17.log"),
+    ("/logs/nccl.%h.%p.log", "pod-a", "/logs/nccl.pod-a.17.log"),
+    ("/logs/nccl.log", "*", "/logs/nccl.log"),
+    ("/logs/100%%.%q.%", "*", "/logs/100%.%q.%"),
 ])
-def test_nccl_debug_file_is_expanded_as_nccl_does(template: str, expected: str) -> None:
-    assert expand_debug_file(template, 17) == expected
+def test_nccl_debug_file_is_expanded_as_nccl_does(template: str, host: str,
+                                                  expected: str) -> None:
+    assert expand_debug_file(template, 17, host) == expected
 
 
-def test_a_host_name_wildcard_finds_the_rank_s_file_only_in_its_own_directory(
-        proc: RootedFS) -> None:
+def test_the_host_name_is_nccl_s_own_up_to_its_first_dot() -> None:
+    assert host_name({"HOSTNAME": "worker-3.cluster.local"}) == "worker-3"
+    assert host_name({"NCCL_HOSTNAME": "n7", "HOSTNAME": "worker-3"}) == "n7"
+    assert host_name({}) == host_name({"HOSTNAME": "../etc"}) == "*"
+
+
+def test_the_newest_matching_regular_file_is_the_rank_s(proc: RootedFS) -> None:
     base = procroot.root(proc, PID)
-    for name in ("nccl.pod-a.17.log", "nccl.pod-a.18.log", "other.log"):
-        Path(base, "logs", name).write_text("x")
-    assert procroot.find(base, "/logs/nccl.*.17.log") == ["/logs/nccl.pod-a.17.log"]
-    assert procroot.find(base, "/lo*/nccl.*.17.log") == []  # a wildcard only in the name
-    assert procroot.find(base, "relative/nccl.log") == []
-    assert procroot.find(base, "/missing/nccl.*.log") == []
+    for age, name in enumerate(("nccl.pod-a.17.log", "nccl.pod-b.17.log", "other.log")):
+        path = Path(base, "logs", name)
+        path.write_text("x" * (age + 1))
+        os.utime(path, ns=(10**18 + age, 10**18 + age * (1 if name != "other.log" else -5)))
+    Path(base, "logs", "nccl.dir.17.log").mkdir()
+    found = procroot.newest(base, "/logs", "nccl.*.17.log")
+    assert found is not None and found.name == "nccl.pod-b.17.log" and found.size == 2
+    assert procroot.newest(base, "/logs", "nccl.pod-a.17.log").name == "nccl.pod-a.17.log"
+    assert procroot.newest(base, "/logs", "none.*.log") is None
+    with pytest.raises(procroot.Missing):
+        procroot.newest(base, "/missing", "nccl.*.log")
 
 
-def test_only_a_regular_file_of_the_rank_s_own_user_is_read(proc: RootedFS,
-                                                              tmp_path: Path) -> None:
+def test_no_link_and_no_dot_dot_lead_out_of_the_job_s_files(proc: RootedFS,
+                                                             tmp_path: Path) -> None:
+    """A link the job planted anywhere on the path, or `..`, is refused: the daemon never
+    reads a host file through it (the kernel resolves an absolute link against the daemon's
+    root, not the container's)."""
     base = procroot.root(proc, PID)
-    log = Path(base, "logs", "nccl.log")
-    log.write_text("NCCL INFO " * 1000)
+    secret = tmp_path / "host" / "etc"
+    secret.mkdir(parents=True)
+    (secret / "nccl.log").write_text("host secret")
+    Path(base, "escape").symlink_to(secret)  # a directory link in the middle
+    Path(base, "logs", "link.log").symlink_to(secret / "nccl.log")  # a link as the file
+    with pytest.raises(SourceError, match="symbolic links|Not a directory"):
+        procroot.newest(base, "/escape", "nccl.log")
+    assert procroot.newest(base, "/logs", "link.log") is None  # not a regular file
+    with pytest.raises(SourceError, match="'..'"):
+        procroot.newest(base, "/logs/../../../host/etc", "nccl.log")
+
+
+def test_only_a_regular_file_of_the_rank_s_own_user_is_read(proc: RootedFS) -> None:
+    base = procroot.root(proc, PID)
+    Path(base, "logs", "nccl.log").write_text("NCCL INFO " * 1000)
     me = os.getuid()
-    assert procroot.read_owned(base, "/logs/nccl.log", me, 50) == ("NCCL INFO " * 5)
+    found = procroot.newest(base, "/logs", "nccl.log")
+    assert found is not None and found.size == 10_000
+    assert procroot.read_owned(base, found, me, 50) == "NCCL INFO " * 5
     with pytest.raises(SourceError, match="owned by uid"):
-        procroot.read_owned(base, "/logs/nccl.log", me + 1, 50)
-    secret = tmp_path / "secret"
-    secret.write_text("host secret")
-    Path(base, "logs", "link.log").symlink_to(secret)
-    with pytest.raises(SourceError, match="symbolic links"):
-        procroot.read_owned(base, "/logs/link.log", me, 50)
+        procroot.read_owned(base, found, me + 1, 50)
     os.mkfifo(Path(base, "logs", "fifo.log"))
+    fifo = procroot.Found("/logs", "fifo.log", 0, 0)  # a file swapped for a FIFO after its stat
     with pytest.raises(SourceError, match="not a regular file"):
-        procroot.read_owned(base, "/logs/fifo.log", me, 50)
-    with pytest.raises(SourceError):
-        procroot.signature(base, "/logs/missing.log")
-    assert procroot.signature(base, "/logs/nccl.log")[0] == 10_000
+        procroot.read_owned(base, fifo, me, 50)
 
 
 def test_ranks_are_named_as_ranges() -> None:

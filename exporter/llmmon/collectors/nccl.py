@@ -15,22 +15,22 @@ import each other).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client.core import Metric
 
 from llmmon.collector import Collector, Context, Environment
 from llmmon.metrics import Families, MetricSpec
-from llmmon.network import nccl_checks, nccl_log, nccl_settings
+from llmmon.network import nccl_checks, nccl_settings
 from llmmon.network.nccl_checks import NodeFacts
-from llmmon.network.nccl_settings import NcclSettings
+from llmmon.network.nccl_reads import Process, RankRead, RankReader
 from llmmon.options import Option
 from llmmon.ranks import stall
-from llmmon.sources import pci, procenv, procroot
-from llmmon.sources.fs import SourceError
+from llmmon.sources import netclass, pci
 
 SETTINGS = MetricSpec(
     "llmmon_job_nccl_settings_info", "info",
@@ -53,15 +53,7 @@ TRANSPORT = MetricSpec(
 
 LABEL_MAX = 120  # characters of one label value: settings are the job's own, hostile text
 NODE_FACTS_TTL = 60.0  # seconds the node's ports, GIDs and interfaces are reused
-
-
-@dataclass
-class RankRead:
-    """What was read of one rank's process (kept while the same process lives)."""
-
-    settings: NcclSettings | None
-    log: nccl_log.NcclLog | None = None
-    log_signature: tuple[str, int, int] | None = None  # path, size, mtime of the last parse
+LOG_WAIT = 2.0  # seconds a run waits for the ranks' NCCL logs, all together
 
 
 class NcclCollector(Collector):
@@ -84,9 +76,8 @@ class NcclCollector(Collector):
         super().__init__(env, config)
         self._evidence: Callable[[], stall.Evidence] | None = None
         self._digests: Callable[[], list[Any]] = list
-        self._ranks: dict[tuple[int, int], RankRead] = {}
+        self._reader = RankReader(env.procfs, "", config["log_max_bytes"])
         self._node: tuple[float, NodeFacts] | None = None
-        self._shared_dir = ""  # the dump directory, at the same path on the host and in pods
         self._lock = threading.Lock()
         self._judged: list[dict[str, Any]] = []  # the last run's jobs, for /api/v1/nccl
 
@@ -96,7 +87,7 @@ class NcclCollector(Collector):
         GPUs), its dump directory (where injected jobs write their NCCL log) and the
         sampler's digests (the topology collector's GPU-to-NIC paths)."""
         self._evidence = evidence
-        self._shared_dir = fr_dir
+        self._reader.shared_dir = fr_dir
         self._digests = digests
 
     def collect(self, ctx: Context) -> Iterable[Metric]:
@@ -106,27 +97,46 @@ class NcclCollector(Collector):
             return families
         jobs = [job for job in self._evidence().jobs if any(r.alive for r in job.ranks)]
         ctx.watching(len(jobs), "jobs")
+        ranks = {job.job_id: sorted(job.ranks, key=lambda r: (r.state.identity.local_rank,
+                                                              r.rank)) for job in jobs}
+        live = [view for views in ranks.values() for view in views if view.alive]
+        reads = self._reader.read(
+            [Process(v.state.identity.pid, v.state.identity.start_ticks,
+                     None if v.state.identity.nccl_env is None else dict(v.state.identity.nccl_env))
+             for v in live], time.time(), time.monotonic() + LOG_WAIT)
         judged: list[dict[str, Any]] = []
-        if not jobs:
-            self._ranks.clear()
-            with self._lock:
-                self._judged = judged
-            return families
-        node = self._node_facts()
-        live: set[tuple[int, int]] = set()
-        for job in jobs:
-            ranks = sorted((r for r in job.ranks if r.alive),
-                           key=lambda r: (r.state.identity.local_rank, r.rank))
-            reads = []
-            for view in ranks:
-                who = view.state.identity
-                live.add((who.pid, who.start_ticks))
-                reads.append((view, self._read_rank(ctx, job.job_id, view)))
-            judged.append(self._export(families, job.job_id, reads, node))
-        self._ranks = {k: v for k, v in self._ranks.items() if k in live}
+        node = self._node_facts() if jobs else None
+        for job_id, views in ranks.items():
+            mine = [(v, reads[(v.state.identity.pid, v.state.identity.start_ticks)])
+                    for v in views if v.alive]
+            for view, read in mine:
+                self._report(ctx, job_id, view, read)
+            assert node is not None
+            judged.append(self._export(families, job_id, mine, len(views), node))
         with self._lock:
             self._judged = judged
         return families
+
+    def _report(self, ctx: Context, job_id: str, view: stall.RankView, read: RankRead) -> None:
+        """A rank whose settings or log could not be read: one problem each, in the log and
+        counted once in the collector's errors while it lasts."""
+        who, where = view.state.identity, f"job {job_id} rank {view.rank}"
+        problems = {}
+        if read.env is None:
+            problems["environ"] = (f"{where}: /proc/{who.pid}/environ is not readable (the "
+                                   "daemon needs root or CAP_SYS_PTRACE) and no reporter sent "
+                                   "its NCCL variables: its NCCL settings are unknown")
+        stuck = read.stuck_for(time.monotonic())
+        if stuck > LOG_WAIT:
+            problems["nccl_log"] = (f"{where}: reading its NCCL log has not returned for "
+                                    f"{stuck:.0f} s (a hung file system?); its last reading "
+                                    "stands")
+        elif read.error:
+            problems["nccl_log"] = f"{where}: NCCL log: {read.error}"
+        for kind, message in problems.items():
+            (ctx.persists if kind in read.told else ctx.error)(f"{job_id}/{view.rank}/{kind}",
+                                                               message)
+        read.told = set(problems)
 
     def api(self) -> dict[str, Callable[[], Any]]:
         return {"nccl": self.judged}
@@ -138,8 +148,11 @@ class NcclCollector(Collector):
             return {"jobs": list(self._judged)}
 
     def _export(self, families: Families, job_id: str,
-                reads: list[tuple[stall.RankView, RankRead]], node: NodeFacts) -> dict[str, Any]:
-        """The job's series; returns what /api/v1/nccl shows of it."""
+                reads: list[tuple[stall.RankView, RankRead]], ranks_here: int,
+                node: NodeFacts) -> dict[str, Any]:
+        """The job's series; returns what /api/v1/nccl shows of it.  `ranks_here` counts the
+        job's ranks on this node, ended ones included: a job is multi-node when its world is
+        larger."""
         chose: dict[tuple[str, ...], list[int]] = {}
         for view, read in reads:
             log = read.log
@@ -154,113 +167,62 @@ class NcclCollector(Collector):
             transport.append(dict(zip(TRANSPORT.labels[1:], (rank_ranges(ranks), *choice))))
         judged: dict[str, Any] = {"job_id": job_id, "settings": None, "checked": [],
                                   "findings": [], "transport": transport}
-        settings = next((r.settings for _, r in reads if r.settings is not None), None)
-        if settings is None:
+        first = next(((v, r) for v, r in reads if r.settings is not None), None)
+        if first is None:
             return judged
+        settings = first[1].settings
+        assert settings is not None
         world = max(v.state.identity.world_size for v, _ in reads)
-        multi_node = world > len(reads)
+        multi_node = world > ranks_here
         gpus = [v.state.identity.uuid for v, _ in reads if v.state.identity.uuid]
         log = next((r.log for _, r in reads if r.log is not None and r.log.net), None) \
             or next((r.log for _, r in reads if r.log is not None and r.log.lines), None)
-        applied, findings = nccl_checks.check(settings, node, gpus, log, multi_node)
+        applied, findings = nccl_checks.check(settings, self._seen_by(first[0], node), gpus,
+                                              log, multi_node)
         families.add(SETTINGS, [job_id, *(_label(getattr(settings, name))
-                                          for name in nccl_settings.EXPORTED), ",".join(applied)], 1)
+                                          for name in nccl_settings.EXPORTED),
+                                ",".join(applied)], 1)
         for check in sorted({f.check for f in findings}, key=nccl_checks.CHECKS.index):
             families.add(MISCONFIGURED, [job_id, check], 1)
-        judged.update(settings={name: getattr(settings, name) for name in nccl_settings.EXPORTED},
+        judged.update(settings={name: getattr(settings, name)
+                                for name in nccl_settings.EXPORTED},
                       multi_node=multi_node, checked=list(applied),
                       findings=[asdict(f) for f in findings])
         return judged
 
-    def _read_rank(self, ctx: Context, job_id: str, view: stall.RankView) -> RankRead:
-        """The rank's settings (its environment, read once per process) and its NCCL log
-        (parsed again only when the file changed)."""
-        who = view.state.identity
-        key = (who.pid, who.start_ticks)
-        read = self._ranks.get(key)
-        if read is None:
-            # procfs has every variable NCCL reads; the reporter's copy of the NCCL_* ones
-            # serves where the daemon may not read another user's environment
-            env = procenv.environ(self.env.procfs, who.pid)
-            if env is None and who.nccl_env is not None:
-                env = dict(who.nccl_env)
-            read = RankRead(None if env is None else NcclSettings.from_env(env))
-            self._ranks[key] = read
-            if env is None:
-                ctx.error(f"{job_id}/{view.rank}/environ",
-                          f"job {job_id} rank {view.rank}: /proc/{who.pid}/environ is not "
-                          "readable (the daemon needs root or CAP_SYS_PTRACE) and no reporter "
-                          "sent its NCCL variables: its NCCL settings are unknown")
-        if read.settings is not None and read.settings.debug_file:
-            self._read_log(ctx, job_id, view, read)
-        return read
-
-    def _read_log(self, ctx: Context, job_id: str, view: stall.RankView,
-                  read: RankRead) -> None:
-        """The rank's NCCL_DEBUG_FILE, through its own root; a file in the dump directory the
-        node shares with its pods (where `llmmon launch` and the webhook put it) from the
-        host where that root is out of reach."""
-        who, procfs = view.state.identity, self.env.procfs
-        assert read.settings is not None
-        pattern = expand_debug_file(read.settings.debug_file,
-                                    procroot.ns_pid(procfs, who.pid))
-        bases = [procroot.root(procfs, who.pid)]
-        if self._shared_dir and pattern.startswith(self._shared_dir.rstrip("/") + "/"):
-            bases.append("/")
-        problem = ""
-        for base in bases:
-            paths = procroot.find(base, pattern) if pattern else []
-            if not paths:
-                continue
-            path = paths[-1]  # one rank, one process: more matches are restarts' leftovers
-            try:
-                signature = (path, *procroot.signature(base, path))
-                if signature != read.log_signature:
-                    text = procroot.read_owned(base, path, procenv.owner(procfs, who.pid),
-                                               self.config["log_max_bytes"])
-                    read.log, read.log_signature = nccl_log.parse(text), signature
-                return
-            except SourceError as exc:
-                problem = str(exc)
-        if problem:
-            ctx.error(f"{job_id}/{view.rank}/nccl_log",
-                      f"job {job_id} rank {view.rank}: NCCL log: {problem}")
+    def _seen_by(self, view: stall.RankView, node: NodeFacts) -> NodeFacts:
+        """The node as the rank sees it: a rank in a network namespace of its own (a pod
+        without hostNetwork, a Multus interface) has its own interfaces, from its
+        /proc/<pid>/net/dev; whether they are up is not known from there, so they count as up."""
+        pid = view.state.identity.pid
+        own = netclass.process_interfaces(self.env.procfs, pid)
+        if own is None:
+            return node
+        return dataclasses.replace(node, netdevs=frozenset(own), netdevs_up=frozenset(own))
 
     def _node_facts(self) -> NodeFacts:
         now = time.monotonic()
         if self._node is not None and now - self._node[0] < NODE_FACTS_TTL:
             return self._node[1]
-        facts = nccl_checks.read_node(self.env.sysfs, self.env.procfs,
-                                      gpu_paths(self._digests()),
-                                      len(pci.nvidia_gpus(self.env.sysfs)))
+        paths, rails = placement(self._digests())
+        facts = nccl_checks.read_node(self.env.sysfs, self.env.procfs, paths,
+                                      len(pci.nvidia_gpus(self.env.sysfs)), rails)
         self._node = (now, facts)
         return facts
 
 
-def expand_debug_file(template: str, pid: int) -> str:
-    """NCCL_DEBUG_FILE as NCCL expands it (%h the host name, %p the process id, %% a per
-    cent sign); the host name is the rank's own, which the daemon matches as `*`."""
-    out, i = [], 0
-    while i < len(template):
-        char = template[i]
-        if char == "%" and i + 1 < len(template):
-            nxt = template[i + 1]
-            out.append({"h": "*", "p": str(pid), "%": "%"}.get(nxt, char + nxt))
-            i += 2
-            continue
-        out.append(char)
-        i += 1
-    return "".join(out)
-
-
-def gpu_paths(digests: list[Any]) -> dict[str, str]:
-    """GPU uuid -> the PCIe path to its nearest NIC, from the topology collector's digest."""
+def placement(digests: list[Any]) -> tuple[dict[str, str], frozenset[str]]:
+    """From the topology collector's digest: GPU uuid -> the PCIe path to its nearest NIC, and
+    the RDMA devices that are some GPU's nearest NIC (the training rails)."""
     paths: dict[str, str] = {}
+    rails: set[str] = set()
     for snapshot in digests:
         for labels, _ in _series(snapshot, "llmmon_gpu_nearest_nic_info"):
             if labels.get("uuid"):
                 paths[labels["uuid"]] = labels.get("path", "")
-    return paths
+            if labels.get("device"):
+                rails.add(labels["device"])
+    return paths, frozenset(rails)
 
 
 def _series(snapshot: Mapping[str, Mapping[Any, float]],

@@ -72,6 +72,9 @@ class NodeFacts:
     gpudirect: bool  # nvidia_peermem/nv_peer_mem loaded, or DMA-BUF supported
     gpu_nic_path: Mapping[str, str]  # GPU uuid -> PCIe path to its nearest NIC (PIX..SYS)
     gpus: int
+    # RDMA devices that are some GPU's nearest NIC (the training rails); empty: not known,
+    # then every ACTIVE port of the chosen link layer counts as a rail
+    rail_devices: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Finding:
 
 
 def read_node(sysfs: RootedFS, procfs: RootedFS, gpu_nic_path: Mapping[str, str],
-              gpus: int) -> NodeFacts:
+              gpus: int, rail_devices: frozenset[str] = frozenset()) -> NodeFacts:
     """The node's RDMA ports, interfaces and GPUDirect support; an unreadable file costs only
     what it describes (a port without a state is not ACTIVE)."""
     ports: list[RdmaPort] = []
@@ -105,7 +108,7 @@ def read_node(sysfs: RootedFS, procfs: RootedFS, gpu_nic_path: Mapping[str, str]
     gpudirect = (any(sysfs.exists("module", m) for m in PEER_MEMORY_MODULES)
                  or dmabuf.supported(procfs))
     return NodeFacts(tuple(ports), frozenset(n for n in names if netclass.is_up(sysfs, n)),
-                     frozenset(names), gpudirect, dict(gpu_nic_path), gpus)
+                     frozenset(names), gpudirect, dict(gpu_nic_path), gpus, rail_devices)
 
 
 def _read_port(sysfs: RootedFS, device: str, port: str) -> RdmaPort:
@@ -223,12 +226,14 @@ class _Job:
                 "/sys/class/infiniband/*/ports/*/state)")
 
     def ib_hca_missing_rail(self) -> tuple[str, str] | None:
-        # An exclusion (^) leaves a port out on purpose; a rail of another link layer than
-        # the chosen ones (a RoCE storage NIC beside InfiniBand) is not a training rail.
+        # An exclusion (^) leaves a port out on purpose; a port of another link layer than
+        # the chosen ones (a RoCE storage NIC beside InfiniBand), or one that is no GPU's
+        # nearest NIC where that is known (a front-end NIC), is not a training rail.
         if not self.s.ib_hca or self.hca.exclude or not self.selected:
             return None
         layers = {p.link_layer for p in self.selected}
-        missing = [p for p in self.active if p not in self.selected and p.link_layer in layers]
+        missing = [p for p in self.active if p not in self.selected and p.link_layer in layers
+                   and (not self.node.rail_devices or p.device in self.node.rail_devices)]
         if not missing:
             return None
         return (f"NCCL_IB_HCA={_shown(self.s.ib_hca)} leaves ACTIVE rails out: "
@@ -249,12 +254,14 @@ class _Job:
             picks["2.21 and later"] = {p.name: (i, _gid_problem(p.gid(i)))
                                        for p in self.roce for i in [self._auto_gid(p)]}
         bad = {when: {n: v for n, v in chosen.items() if v[1]} for when, chosen in picks.items()}
-        if not any(bad.values()):
+        # With the version unknown, only a GID that is wrong whichever NCCL runs is a finding:
+        # most jobs run 2.21 or later, where an unset index is NCCL's own good choice.
+        if not (all(bad.values()) if version is None else any(bad.values())):
             return None
         if version is None:
-            said = ("NCCL's version is unknown: before 2.21 it uses GID 0 ("
-                    + _gid_summary(picks["before 2.21"]) + "), from 2.21 it picks one ("
-                    + _gid_summary(picks["2.21 and later"]) + ")")
+            said = ("NCCL's version is unknown, and both would be wrong: before 2.21 it uses "
+                    "GID 0 (" + _gid_summary(picks["before 2.21"]) + "), from 2.21 it picks "
+                    "one (" + _gid_summary(picks["2.21 and later"]) + ")")
         elif version < AUTO_GID_VERSION:
             said = (f"NCCL {_shown(self.log.version)} uses GID 0: "
                     + _gid_summary(bad["before 2.21"]))
@@ -387,13 +394,18 @@ class _Job:
     # -- rails and placement --
 
     def single_qp_multi_rail(self) -> tuple[str, str] | None:
+        # On InfiniBand the fabric spreads a flow itself (NCCL turns adaptive routing on), and
+        # a net plugin (EFA, an IBext) has its own idea of queue pairs: RoCE over NCCL's IB
+        # transport is where one QP per connection pins a flow to one ECMP path.
         qps = nccl_int(self.s.ib_qps_per_connection)
-        if len(self.selected) < 2 or (qps if qps is not None else DEFAULT_QPS) > 1:
+        net = (self.log.net if self.log is not None else "").lower()
+        if len(self.roce) < 2 or net not in ("", "ib") \
+                or (qps if qps is not None else DEFAULT_QPS) > 1:
             return None
         said = (f"NCCL_IB_QPS_PER_CONNECTION={_shown(self.s.ib_qps_per_connection)}"
                 if qps is not None else "NCCL_IB_QPS_PER_CONNECTION unset (NCCL's default 1)")
-        return (f"{said} with {len(self.selected)} ACTIVE rails "
-                f"({_names(p.name for p in self.selected)}): one flow per connection and rail",
+        return (f"{said} with {len(self.roce)} ACTIVE RoCE rails "
+                f"({_names(p.name for p in self.roce)}): one flow per connection and rail",
                 "set NCCL_IB_QPS_PER_CONNECTION=4 and NCCL_IB_SPLIT_DATA_ON_QPS=1 to spread "
                 "each connection over more paths")
 

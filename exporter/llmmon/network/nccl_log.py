@@ -34,6 +34,9 @@ _DEVICE = re.compile(r"\[\d{1,4}\] ?([^\s\[\]{},;=]+)")
 _NET_USING = re.compile(r"NET/([^\s:]{1,64}) ?: Using(.*)")
 _CHANNEL = re.compile(r"(?:Channel|Ring|CollNet) \d{1,4}(?:/\d{1,4})? ?: ")
 _NET_VIA = re.compile(r"NET/(.{1,64}?)/\d{1,4}(?:\(\d{1,6}\))?(/GDRDMA)?")
+_APPLIED = re.compile(r"(NCCL_[A-Z0-9_]{1,64}) set by environment to (.{0,1024}?)(\.?)\s*$")
+_INTEGER_VALUE = re.compile(r"[+-]?(?:0[xX][0-9a-fA-F]+|[0-9]+)")
+MAX_APPLIED = 64
 _COLLNET_VIA = re.compile(r"COLLNET/(.{1,64}?)/\d{1,4}(/GDRDMA)?")
 
 
@@ -47,6 +50,9 @@ class NcclLog:
     gdr: bool | None                # GPUDirect RDMA used; None when the log does not say
     paths: frozenset[str]           # "P2P/IPC", "SHM", "NET/IB/GDRDMA", ... (no channel ids)
     lines: int                      # NCCL lines read
+    # What NCCL says it applied ("NCCL_IB_HCA set by environment to mlx5_0", subsystem ENV):
+    # the environment and /etc/nccl.conf, whose values NCCL puts in its environment.
+    applied: tuple[tuple[str, str], ...] = ()
 
 
 EMPTY = NcclLog(version="", net="", net_devices=(), gdr=None, paths=frozenset(), lines=0)
@@ -66,6 +72,7 @@ class _State:
         self.gdr_enabled = False
         self.gdr_disabled = False
         self.lines = 0
+        self.applied: dict[str, str] = {}
 
     def add_path(self, path: str) -> None:
         if path not in self.paths and len(self.paths) < MAX_PATHS:
@@ -87,10 +94,23 @@ class _State:
             self.add_path("NVLS")
         elif msg.startswith("Connected collnet"):
             self.add_path("CollNet")
+        elif msg.startswith("NCCL_") and " set by environment to " in msg:
+            self.setting(msg)
         if "GPU Direct RDMA Enabled for " in msg:
             self.gdr_enabled = True
         elif "GPU Direct RDMA Disabled for " in msg:
             self.gdr_disabled = True
+
+    def setting(self, msg: str) -> None:
+        """`NCCL_IB_DISABLE set by environment to 0.`: integer settings end in a full stop."""
+        match = _APPLIED.match(msg)
+        if not match:
+            return
+        name, value, stop = match.groups()
+        if stop and not _INTEGER_VALUE.fullmatch(value):
+            value += stop
+        if name in self.applied or len(self.applied) < MAX_APPLIED:
+            self.applied[name] = value
 
     def bare_version(self, rest: str) -> None:
         match = _VERSION.match(rest)
@@ -164,7 +184,8 @@ class _State:
         else:
             gdr = None
         return NcclLog(version=self.version, net=net, net_devices=tuple(devices), gdr=gdr,
-                       paths=frozenset(self.paths), lines=self.lines)
+                       paths=frozenset(self.paths), lines=self.lines,
+                       applied=tuple(sorted(self.applied.items())))
 
 
 def _bounded(text: str) -> str:

@@ -157,7 +157,8 @@ class DeviceList:
 def parse_device_list(text: str, max_entries: int = MAX_IB_DEVS) -> DeviceList:
     """`mlx5_0:1,mlx5_1:1`, `=mlx5_0`, `^mlx5_3`, `^=docker0`, `mlx5` (a prefix) as NCCL
     parses them: empty items are skipped, an item's text after `:` is its port (atoi, so
-    `mlx5_0:x` is port 0, which no port has), later `:rail:plane` fields are ignored."""
+    `mlx5_0:x` and `mlx5_0:` are port 0, which no port has), later `:rail:plane` fields are
+    ignored."""
     text = text[:MAX_VALUE]
     exclude = text.startswith("^")
     text = text[1:] if exclude else text
@@ -167,10 +168,10 @@ def parse_device_list(text: str, max_entries: int = MAX_IB_DEVS) -> DeviceList:
     for item in text.split(","):
         if len(entries) >= max_entries:
             break
-        name, _, rest = item.partition(":")
+        name, colon, rest = item.partition(":")
         if not name:
             continue
-        port_text = rest.partition(":")[0]
-        port = _atoi(port_text) if port_text else ANY_PORT
+        # a `:` with nothing after it is port 0 to NCCL's atoi too, which no port has
+        port = _atoi(rest.partition(":")[0]) if colon else ANY_PORT
         entries.append(Entry(name[:MAX_PREFIX], port))
     return DeviceList(tuple(entries), exclude, exact)

@@ -38,3 +38,22 @@ def is_up(sysfs: RootedFS, name: str) -> bool:
         return bool(sysfs.read_int(CLASS, name, "flags") & IFF_UP)
     except SourceError:
         return False
+
+
+def process_interfaces(procfs: RootedFS, pid: int) -> list[str] | None:
+    """The interfaces of a process's own network namespace (its /proc/<pid>/net/dev), or
+    None when it shares the daemon's (procfs `self`) or that cannot be told: then /sys/class/net
+    is what it sees."""
+    try:
+        theirs = procfs.readlink(str(pid), "ns", "net")
+        ours = procfs.readlink("self", "ns", "net")
+    except SourceError:
+        return None
+    if theirs == ours:
+        return None
+    try:
+        text = procfs.read_text(str(pid), "net", "dev", max_bytes=1 << 20)
+    except SourceError:
+        return None
+    names = [line.split(":", 1)[0].strip() for line in text.splitlines()[2:] if ":" in line]
+    return sorted(n for n in names if n)[:MAX_INTERFACES]
