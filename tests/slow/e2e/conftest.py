@@ -174,10 +174,11 @@ def e2e() -> Iterator[Stack]:
         servers.append(stack.start_alertmanager(
             alertmanager_bin, work / "alertmanager",
             stack.alertmanager_config(receiver.url, group_wait="1s", group_interval="2s")))
+        rules = stack.rules_dir(work, FOR, {"hang_window_seconds": HANG_WINDOW})
         servers.append(stack.start_prometheus(
             prometheus_bin, work / "prometheus",
-            stack.prometheus_config(targets, stack.rules_dir(work, FOR, {"hang_window_seconds": HANG_WINDOW}),
-                                    servers[0].url.removeprefix("http://"), INTERVAL)))
+            stack.prometheus_config(targets, rules, servers[0].url.removeprefix("http://"),
+                                    INTERVAL)))
         history = SuppressedHistory(servers[0].url)
         thresholds = work / "alerts-config.yaml"
         thresholds.write_text(json.dumps({"hang_window_seconds": {
