@@ -73,6 +73,8 @@ def parse() -> argparse.Namespace:
                              "which its peers enter once it is stopped")
     parser.add_argument("--ckpt-at", type=int, default=-1, help="rank 0 checkpoints here")
     parser.add_argument("--ckpt-seconds", type=float, default=0.0)
+    parser.add_argument("--ckpt-until", default="",
+                        help="the checkpoint ends once this file exists (within --ckpt-seconds)")
     parser.add_argument("--overlap", type=int, default=0,
                         help="each step, all-reduce this many floats asynchronously while the "
                              "gradients' all-reduces run (DDP's overlapped buckets)")
@@ -84,11 +86,12 @@ def load_next_batch(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def save_checkpoint(model: torch.nn.Module, path: str, seconds: float) -> None:
-    """A slow checkpoint: torch.save of a 16 MB state over and over for `seconds`."""
+def save_checkpoint(model: torch.nn.Module, path: str, seconds: float, until: str = "") -> None:
+    """A slow checkpoint: torch.save of a 16 MB state over and over for `seconds`, or until the
+    file `until` exists (the test has seen what it waited for)."""
     state = {"weights": torch.randn(4 << 20), "model": model.state_dict()}
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (until and os.path.exists(until)):
         with open(path, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
@@ -186,7 +189,8 @@ def main() -> None:
             else:
                 dist.all_reduce(torch.zeros(72 if culprit else 64))
         if args.rank == 0 and step == args.ckpt_at:
-            save_checkpoint(model, os.path.join(args.out, "ckpt.pt"), args.ckpt_seconds)
+            save_checkpoint(model, os.path.join(args.out, "ckpt.pt"), args.ckpt_seconds,
+                            args.ckpt_until)
         data = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + args.rank))
         loss = model(data).pow(2).mean()
         time.sleep(args.compute)

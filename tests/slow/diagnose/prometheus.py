@@ -19,11 +19,12 @@ BINARY = shutil.which("prometheus") or "/usr/bin/prometheus"
 CLUSTER = "test"
 
 
-def config(targets: dict[str, str]) -> dict[str, Any]:
-    """1 s scrapes and rule evaluations; `node` and `cluster` by relabelling, as deploy/ does."""
+def config(targets: dict[str, str], rules: Path = ROOT / "alerts" / "rules") -> dict[str, Any]:
+    """1 s scrapes and rule evaluations; `node` and `cluster` by relabelling, as deploy/ does.
+    `rules`: the shipped rule files, or a render of them."""
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(path) for path in sorted((ROOT / "alerts" / "rules").glob("*.yaml"))],
+        "rule_files": [str(path) for path in sorted(rules.glob("*.yaml"))],
         "scrape_configs": [{
             "job_name": "llmmon",
             "static_configs": [{"targets": [address], "labels": {"__node_name": node}}
@@ -37,10 +38,11 @@ def config(targets: dict[str, str]) -> dict[str, Any]:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, str],
+                 rules: Path = ROOT / "alerts" / "rules") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         path = workdir / "prometheus.yml"
-        path.write_text(yaml.safe_dump(config(targets)), encoding="utf-8")
+        path.write_text(yaml.safe_dump(config(targets, rules)), encoding="utf-8")
         self.log_path = workdir / "prometheus.log"
         self.url = f"http://127.0.0.1:{free_port()}"
         with open(self.log_path, "wb") as log:

@@ -4,7 +4,9 @@ real `llmmon serve` processes and evaluates the shipped rule files.
 node-a serves the main fixtures and the 4-rank NCCL spool (its ranks placed on NVML GPUs 0, 2,
 3 and 5), node-b the HGX topology tree.  The shipped recording rules, as Prometheus records
 them, must equal their local computation from node-a's own /metrics; and what the tree calls
-suspect on node-a must be the same whether judged locally or through Prometheus.
+suspect on node-a must be the same whether judged locally or through Prometheus.  The rules
+are the shipped ones rendered with the once-a-minute groups (`trend_rules_interval`) evaluated
+every 5 s: the same expressions, recorded within seconds instead of a minute's wait.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from llmmon.diagnose.recording import RULES
 from llmmon.diagnose.thresholds import Thresholds
 from llmmon.diagnose.tree import evaluate
 from llmmon.diagnose.window import LocalView, Window
+from llmmon.simulate import stack
 from tests.conftest import FIXTURES, ServeProcess
 from tests.diagnose.node import Node, check, touch_tree
 from tests.helpers import wait_for
@@ -30,6 +33,7 @@ from tests.slow.diagnose.prometheus import CLUSTER, Prometheus
 GPUS = (0, 2, 3, 5)
 TARGET_LABELS = {"cluster", "node", "instance", "job"}
 OBJECT_LABELS = {"gpu", "rank", "device", "netdev", "pg", "job_id"}
+TREND_INTERVAL = "5s"  # the shipped 1m made the fixture wait up to a minute for the records
 # GPU 1 replays 5 s of the real starved trace at start-up: inside Prometheus' 5 m range, not
 # inside a later local window.
 TIMING_DEPENDENT = {"starvation.power_dips"}
@@ -51,12 +55,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         for name, node in (("node-a", a), ("node-b", b)):
             servers[name] = ServeProcess(node.args(), tmp / f"{name}.log")
             servers[name].wait_ready()
+        rules = stack.rules_dir(tmp, None, {"trend_rules_interval": TREND_INTERVAL})
         prometheus = Prometheus(tmp / "prometheus", {name: server.url.removeprefix("http://")
-                                                     for name, server in servers.items()})
+                                                     for name, server in servers.items()}, rules)
         prometheus.wait('count(up{job="llmmon"} == 1) == 2')
         prometheus.wait("uuid_job_id:llmmon_rank_info:max_up")
         prometheus.wait('count_over_time(up{node="node-a"}[1m]) >= 5')
-        # llmmon.recording.trends runs once a minute, first at an offset Prometheus picks
+        # llmmon.recording.trends runs every TREND_INTERVAL, first at an offset Prometheus picks
         prometheus.wait("node_device_port:llmmon_rdma_loss_events:rate5m", timeout=180)
         yield {"prometheus": prometheus, "node-a": servers["node-a"].url}
     finally:
@@ -118,7 +123,7 @@ def test_recording_rules_match_their_local_computation(cluster) -> None:
         view = PrometheusView(url)
         return [r for r in RULES if r not in EMPTY_RECORDS and not view.query(r)]
 
-    # The recording groups run once a minute, each at its own offset, and a rate needs two
+    # The recording groups run every TREND_INTERVAL, each at its own offset, and a rate needs two
     # samples: wait until every record that is not empty by design holds series.
     wait_for(lambda: not without_data(), 240, "every recording rule evaluated with data",
              context=without_data)

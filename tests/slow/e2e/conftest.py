@@ -2,11 +2,14 @@
 
 `llmmon simulate` runs one node per scenario (each with its own job) and serves each with the
 unmodified exporter; Debian's Prometheus scrapes them every 2 s and evaluates the shipped
-rules with every `for:` cut to 15 s by `alerts.render --for-override`; Alertmanager routes
+rules with every `for:` cut to 15 s by `alerts.render --for-override` and the hang window
+(`hang_window_seconds`) cut from the shipped 180 s to 30 s by `--set`, which `llmmon diagnose`
+is given too (`--alerts-config`); Alertmanager routes
 with the shipped tree and inhibit rules (only group_wait/group_interval shortened) to a
 webhook receiver inside the test, one path per receiver.  Scenario time runs 20 times faster,
 rates stay real.  All scenarios share the wall clock, so the suite takes as long as its
-slowest alert: the hang, whose shipped window is 180 s of no progress.  Every process is
+slowest alert: the data loader's starvation, whose 5-minute rates need ~2 minutes of it (the
+hang, at the shipped window, took 3 minutes of no progress).  Every process is
 stopped by PID, including the daemons, should the simulator itself not stop.  The stack alone
 keeps a 2-core machine busy (thirteen daemons): it runs for its module only, and 2 s cadences
 (not 1 s) keep it from starving itself.
@@ -40,6 +43,10 @@ INTERVAL = "2s"  # collectors, scrapes and rule evaluation
 # Longer than a few collector intervals: a 1 s link flap that an rdma run happens to see stays
 # in the exposition for that interval, and must not read as a down link.
 FOR = "15s"
+# The hang window, of the rules and of `llmmon diagnose` (--alerts-config): what the hang page
+# says and whom it names do not depend on its length (the shipped 180 s made this module wait
+# three minutes for it; test_victoriametrics.py cuts it too)
+HANG_WINDOW = 30
 START_TIMEOUT = 150.0
 COLLECTORS = ("gpu", "rdma", "nic", "ranks", "disk", "netdev")
 
@@ -82,6 +89,9 @@ class Stack:
         return json.loads((self.work / "sim" / "exporters.json").read_text())
 
     suppressed: Callable[[], list[dict[str, Any]]]  # SuppressedHistory.seen
+    # An alerts/config.yaml-shaped file of the thresholds the rules were rendered with, for
+    # `llmmon diagnose --alerts-config`: it judges with the rules' hang window
+    alerts_config: str
 
 
 def alertmanager_alerts(url: str) -> list[dict[str, Any]]:
@@ -164,13 +174,18 @@ def e2e() -> Iterator[Stack]:
         servers.append(stack.start_alertmanager(
             alertmanager_bin, work / "alertmanager",
             stack.alertmanager_config(receiver.url, group_wait="1s", group_interval="2s")))
+        rules = stack.rules_dir(work, FOR, {"hang_window_seconds": HANG_WINDOW})
         servers.append(stack.start_prometheus(
             prometheus_bin, work / "prometheus",
-            stack.prometheus_config(targets, stack.rules_dir(work, FOR),
-                                    servers[0].url.removeprefix("http://"), INTERVAL)))
+            stack.prometheus_config(targets, rules, servers[0].url.removeprefix("http://"),
+                                    INTERVAL)))
         history = SuppressedHistory(servers[0].url)
-        # Deadlines count from here: the daemons are up, so the hang's 180 s have begun.
-        yield Stack(work, servers[1], servers[0], receiver, time.monotonic(), history.seen)
+        thresholds = work / "alerts-config.yaml"
+        thresholds.write_text(json.dumps({"hang_window_seconds": {
+            "value": HANG_WINDOW, "why": "this module's hang window (the rules': --set)"}}))
+        # Deadlines count from here: the daemons are up, so the hang's window has begun.
+        yield Stack(work, servers[1], servers[0], receiver, time.monotonic(), history.seen,
+                    str(thresholds))
     finally:
         if history is not None:
             history.close()

@@ -1,11 +1,11 @@
 """What the rank behind is doing, at the collector's default settings, in real gloo jobs.
 
-One job, two phases: rank 0 writes a checkpoint (torch.save, 45 s) while ranks 1 and 2 wait in
-all_reduce: busy, not a hang, though the job's learned threshold is below 45 s; then rank 2's
-data loader never returns: stalled once the learned threshold passes, long before the 180 s
-ceiling, with its stack, its state and its idle CPU in the verdict.  A second job: a rank frozen
-with SIGSTOP, its reporter with it, is named from its process state; a third stops it inside a
-collective its peers then enter.
+One job, two phases: rank 0 writes a checkpoint (torch.save) while ranks 1 and 2 wait in
+all_reduce: busy, not a hang, once it has outlasted the job's learned threshold (the test then
+ends it); then rank 2's data loader never returns: stalled once the learned threshold passes,
+long before the 180 s ceiling, with its stack, its state and its idle CPU in the verdict.  A
+second job: a rank frozen with SIGSTOP, its reporter with it, is named from its process state; a
+third stops it inside a collective its peers then enter.
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ LONG = ["--steps", "100000", "--compute", "0.01", "--hold", "300", "--timeout", 
 
 def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) -> None:
     # The checkpoint must outlast the threshold learned from the job's pace (5 x its p99 gap
-    # between collectives): 45 s did not, once, under a CPU hog that stretched the gaps to ~9 s.
-    args = [*LONG, "--ckpt-at", "100", "--ckpt-seconds", "90", "--culprit", "2",
-            "--stuck-at", "200"]
+    # between collectives, at most the 180 s ceiling): a fixed 45 s did not, once, under a CPU
+    # hog that stretched the gaps to ~9 s.  So it lasts until the test has seen it outlast the
+    # threshold (the file `done`), at most 240 s: longer than any threshold can be.
+    done = tmp_path / "checkpoint-seen"
+    args = [*LONG, "--ckpt-at", "100", "--ckpt-seconds", "240", "--ckpt-until", str(done),
+            "--culprit", "2", "--stuck-at", "200"]
     # the collector's defaults: floor 10 s, ceiling 180 s
     with watched_collector(tmp_path) as (spool, collector):
         with Job(tmp_path, 3, args, base_env(LLMMON_SPOOL=str(spool), LLMMON_JOB="ckpt")):
@@ -49,6 +52,7 @@ def test_a_checkpoint_is_busy_and_a_stuck_data_loader_is_hung(tmp_path: Path) ->
                     group["stalled_seconds"] > group["stall_threshold_seconds"] else None
             busy = wait_for(checkpointing, 400, "rank 0's checkpoint to outlast the threshold",
                             context=lambda: (seen[:30], seen[-30:], group_doc(collector)))
+            done.touch()  # the checkpoint ends: the job goes on to the stuck data loader
 
             def stuck() -> dict | None:
                 group = group_doc(collector)
