@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from tests.helpers import free_port, stop_process
+from tests.helpers import descendants, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -161,30 +161,11 @@ def serve(tmp_path: Path) -> Iterator:
         server.stop()
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """Live (not zombie) descendant processes of `pid`: (pid, command line)."""
-    found: list[tuple[int, str]] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                for child in map(int, (task / "children").read_text().split()):
-                    todo.append(child)
-                    with contextlib.suppress(OSError):
-                        stat = Path(f"/proc/{child}/stat").read_text()
-                        if stat.rsplit(")", 1)[1].split()[0] != "Z":
-                            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                            found.append((child, cmdline.replace(b"\0", b" ").decode(
-                                errors="replace")[:200]))
-    return found
-
-
 @pytest.fixture(scope="module", autouse=True)
 def nothing_left_running(request: pytest.FixtureRequest) -> None:
     """Each module starts with no process left by the ones before: the end-to-end stack once
     outlived its module and slowed every later test on a 2-core CI machine (load 30)."""
-    left = _descendants(os.getpid())
+    left = descendants(os.getpid())
     for pid, _ in left:  # stopped, so that one leak fails one module, not all that follow
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

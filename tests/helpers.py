@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from llmmon.simulate.exporters import stop_process  # noqa: F401 (the one way tests stop one)
@@ -32,3 +34,22 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str = "a c
             seen = f"; last seen: {context()}" if context is not None else ""
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
         time.sleep(interval)
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Live (not zombie) descendant processes of `pid`: (pid, command line)."""
+    found: list[tuple[int, str]] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                for child in map(int, (task / "children").read_text().split()):
+                    todo.append(child)
+                    with contextlib.suppress(OSError):
+                        stat = Path(f"/proc/{child}/stat").read_text()
+                        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                            found.append((child, cmdline.replace(b"\0", b" ").decode(
+                                errors="replace")[:200]))
+    return found

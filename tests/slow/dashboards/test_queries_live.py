@@ -71,6 +71,9 @@ NODE_INPUTS = (
 )
 NODE_FLAGS = {"node-a": (), "node-b": ("--no-collector.gpu",)}
 SPOOL = FIXTURES / "spool" / "nccl4"  # a 4-rank job, run on node-a
+NCCL_LOG = FIXTURES / "nccl" / "logs" / "nccl-2.19.3-roce-ro.log"
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p.log",
+            "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_P2P_DISABLE": "1"}
 # Fast cadences so that counters move between the 1 s scrapes.
 FAST = ("--collector.disk.interval=1s", "--collector.ranks.interval=1s")
 # Per-second increments of /proc/diskstats fields (reads, merged, sectors, ms, writes, ...):
@@ -99,7 +102,7 @@ class Job:
     many records as it holds (same collectives, new record ids).
     """
 
-    def __init__(self, fixture: Path, spool: Path, nvml: Path) -> None:
+    def __init__(self, fixture: Path, spool: Path, nvml: Path, procfs: Path) -> None:
         shutil.copytree(fixture, spool)
         self.spool = spool
         uuids = [json.loads(path.read_text())["device0"]["uuid"]["ok"]
@@ -110,6 +113,13 @@ class Job:
             if document["kind"] != "state":
                 continue
             document["identity"]["uuid"] = uuids[document["identity"]["local_rank"]]
+            # NCCL's side, as a reporter of today sends it: its NCCL variables (P2P switched
+            # off, so the findings panels have one) and a real NCCL log where it names it
+            document["identity"]["nccl_env"] = NCCL_ENV
+            pid = document["identity"]["pid"]
+            log = procfs / str(pid) / "root" / "tmp" / f"nccl.node-a.{pid}.log"
+            log.parent.mkdir(parents=True)
+            log.write_bytes(NCCL_LOG.read_bytes())
             done = document["step"]
             per_step = {"tokens": done["tokens"] / done["steps"],
                         "model_flops": done["model_flops"] / done["steps"]}
@@ -171,7 +181,7 @@ def _prepare(work: Path) -> tuple[dict[str, list[str]], Activity]:
     for node, flag, path in NODE_INPUTS:
         args[node].append(f"{flag}={path}")
     args["node-a"].append(f"--spool.dir={work / 'spool'}")
-    return args, Activity(work / "proc", Job(SPOOL, work / "spool", NVML))
+    return args, Activity(work / "proc", Job(SPOOL, work / "spool", NVML, work / "proc"))
 
 
 def _every_second(rules: Path) -> list[str]:

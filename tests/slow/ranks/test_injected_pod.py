@@ -23,7 +23,7 @@ import requests
 
 from bench.faults.torchvenv import torch_only_venv
 from tests.conftest import ROOT, SOURCES
-from tests.helpers import wait_for
+from tests.helpers import descendants, wait_for
 from tests.inject.webhook import OWNERS, Webhook, kubelet_environment, make_tls
 from tests.ranks.jobs import FAST, TRAINER
 
@@ -92,8 +92,14 @@ def hang(command: list[str], env: dict[str, str], cwd: Path, url: str, job: str
         return wait_for(named, 300, f"job {job}'s hang to be named", interval=0.5,
                         context=lambda: seen)
     finally:
-        with contextlib.suppress(ProcessLookupError):  # the group we started: torchrun, ranks
+        # torchrun's group, and the ranks wherever they are: torchrun may start them in
+        # sessions of their own, which outlive a kill of its group (found holding for 600 s)
+        ranks = [pid for pid, _ in descendants(process.pid)]
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         process.wait(30)
 
 
