@@ -6,7 +6,7 @@ import os
 import subprocess
 import time
 
-from tests.conftest import _descendants
+from tests.helpers import descendants
 
 
 def test_a_grandchild_left_running_is_found_and_a_reaped_one_is_not() -> None:
@@ -14,7 +14,7 @@ def test_a_grandchild_left_running_is_found_and_a_reaped_one_is_not() -> None:
     try:
         deadline = time.monotonic() + 30  # the shell forks its sleep a moment after it starts
         while True:
-            found = dict(_descendants(os.getpid()))
+            found = dict(descendants(os.getpid()))
             if any(cmd.startswith("sleep 300") for cmd in found.values()):
                 break
             assert time.monotonic() < deadline, found
@@ -24,4 +24,4 @@ def test_a_grandchild_left_running_is_found_and_a_reaped_one_is_not() -> None:
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
         shell.kill()
         shell.wait()
-    assert shell.pid not in dict(_descendants(os.getpid()))
+    assert shell.pid not in dict(descendants(os.getpid()))
