@@ -99,19 +99,19 @@ class NcclCollector(Collector):
         ctx.watching(len(jobs), "jobs")
         ranks = {job.job_id: sorted(job.ranks, key=lambda r: (r.state.identity.local_rank,
                                                               r.rank)) for job in jobs}
-        live = [view for views in ranks.values() for view in views if view.alive]
+        who = [view.state.identity for views in ranks.values() for view in views
+               if view.alive]
         reads = self._reader.read(
-            [Process(v.state.identity.pid, v.state.identity.start_ticks,
-                     None if v.state.identity.nccl_env is None else dict(v.state.identity.nccl_env))
-             for v in live], time.time(), time.monotonic() + LOG_WAIT)
+            [Process(w.pid, w.start_ticks, None if w.nccl_env is None else dict(w.nccl_env))
+             for w in who], time.time(), time.monotonic() + LOG_WAIT)
         judged: list[dict[str, Any]] = []
-        node = self._node_facts() if jobs else None
+        node = self._node_facts() if jobs else None  # no job: the node's files are not read
         for job_id, views in ranks.items():
+            assert node is not None
             mine = [(v, reads[(v.state.identity.pid, v.state.identity.start_ticks)])
                     for v in views if v.alive]
             for view, read in mine:
                 self._report(ctx, job_id, view, read)
-            assert node is not None
             judged.append(self._export(families, job_id, mine, len(views), node))
         with self._lock:
             self._judged = judged
