@@ -23,6 +23,7 @@ from typing import Any, Callable
 from llmmon.incidents import capture, layout
 from llmmon.ranks import dimension, dumps, stall
 from llmmon.sources.fs import RootedFS
+from llmmon.sources.marked import made_by_us
 
 log = logging.getLogger("llmmon.incidents")
 DUMP_WAIT = 12.0  # seconds a capture waits for the dumps it asked for
@@ -339,23 +340,12 @@ def _dump_path(fr_dir: str, job_id: str, rank: int, since: float) -> str | None:
 
 def layout_ours(root: str) -> list[str]:
     """The complete incidents under `root` that this daemon wrote (owner and marker)."""
-    uid = os.geteuid()
-    found = []
     try:
         entries = list(os.scandir(root))
     except OSError:
         return []
-    for entry in entries:
-        if not layout.ID.match(entry.name) or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            marker = os.lstat(os.path.join(entry.path, layout.MARKER))
-            directory = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISREG(marker.st_mode) and marker.st_uid == directory.st_uid == uid:
-            found.append(entry.name)
-    return found
+    return [entry.name for entry in entries
+            if layout.ID.match(entry.name) and made_by_us(entry.path, layout.MARKER)]
 
 
 def _tree_bytes(path: str) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from llmmon.incidents import layout
+from llmmon.sources.marked import made_by_us
 
 SUMMARY_LIMIT = 1 << 20  # bytes of summary.json read; the daemon writes a few KiB
 FILE_LIMIT = 64 << 20  # the most an incident holds, so the most one file served may hold
@@ -150,7 +151,7 @@ class Store:
         except OSError:
             raise UnknownIncident(f"no incident {incident_id} here") from None
         try:
-            if not _ours(fd):
+            if not made_by_us(fd, layout.MARKER):
                 raise UnknownIncident(f"no incident {incident_id} here")
             yield fd
         finally:
@@ -163,17 +164,6 @@ class Store:
             return []
         return [e.name for e in entries if layout.ID.match(e.name)
                 and e.is_dir(follow_symlinks=False)]
-
-
-def _ours(directory: int) -> bool:
-    """The directory and its MARKER (a regular file) belong to the daemon's user."""
-    try:
-        marker = os.stat(layout.MARKER, dir_fd=directory, follow_symlinks=False)
-        info = os.fstat(directory)
-    except OSError:
-        return False
-    uid = os.geteuid()
-    return stat.S_ISREG(marker.st_mode) and marker.st_uid == info.st_uid == uid
 
 
 def _open_at(name: str, directory: int, flags: int, path: str) -> int:

@@ -20,6 +20,7 @@ import shutil
 import stat
 import time
 
+from llmmon.sources.marked import made_by_us
 from llmmon_reporter import layout
 
 DUMP_FILE = re.compile(r"^rank_\d{1,7}(\.json)?$")
@@ -68,7 +69,7 @@ class DumpKeeper:
                 for entry in batch:
                     os.replace(entry.path, os.path.join(target, entry.name))
             sets = sorted((entry.name, entry.path) for entry in self._dirs(job.path)
-                          if entry.name.startswith(SET_PREFIX) and _ours(entry.path))
+                          if entry.name.startswith(SET_PREFIX) and made_by_us(entry.path, MARKER))
             for _, path in sets[:max(0, len(sets) - self.keep)]:
                 shutil.rmtree(path, ignore_errors=True)
             kept += min(len(sets), self.keep)
@@ -84,7 +85,7 @@ class DumpKeeper:
             try:
                 os.mkdir(path, 0o755)
             except FileExistsError:
-                if _ours(path):
+                if made_by_us(path, MARKER):
                     return path
                 n += 1
                 continue
@@ -99,15 +100,3 @@ class DumpKeeper:
             return [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
         except OSError:
             return []
-
-
-def _ours(path: str) -> bool:
-    """A dump set this daemon made: the directory and its marker are files of our user."""
-    try:
-        marker = os.lstat(os.path.join(path, MARKER))
-        directory = os.lstat(path)
-    except OSError:
-        return False
-    uid = os.geteuid()
-    return stat.S_ISREG(marker.st_mode) and marker.st_uid == directory.st_uid == uid \
-        and stat.S_ISDIR(directory.st_mode)
