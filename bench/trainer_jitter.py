@@ -46,10 +46,16 @@ dump's stall is measured as a tick's; its CPU is py-spy's (the children's, as th
 budget counts it) and, apart, the calling thread's (starting py-spy, decoding its JSON: the
 daemon's work, done here in the trainer's process, so it overstates the cost). Targets
 (issue): step-time overhead at the default rate under 0.5 %; the stall a sample adds.
-Writes bench/results/trainer_jitter_pyspy_<interval>s.json.
+A cost that small is below what adjacent blocks resolve on a small VM, so several intervals
+(`--pyspy-interval 5,1,0.1`) measure it at rates up to tens of times the default, and the step
+time one dump costs is fitted to all of them (a line through the origin, weighted by each
+rate's standard error): the cost at the default rate is that times its rate, and how well the
+rates fit one line says whether scaling it down holds. Writes
+bench/results/trainer_jitter_pyspy.json.
 
     python bench/trainer_jitter.py [--seconds 65] [--block 5] [--loops python,gloo]
-                                   [--entries-interval 20] [--sampler pyspy --pyspy-interval 5]
+                                   [--entries-interval 20]
+                                   [--sampler pyspy --pyspy-interval 5[,1,0.1]]
 
 At the default cadence 65 s of on blocks hold three ring ticks, so their "p99" is their
 maximum; `--entries-interval 1` gives a ring tick every on-block second, the same read each
@@ -77,6 +83,7 @@ from llmmon_reporter.worker import Cadence, Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
 RING = 2000
+FAILED_DUMPS: list[float] = []  # when a py-spy dump failed (it still ran: it counts)
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(RING))
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(RING))
 
@@ -232,9 +239,26 @@ def overhead(blocks: Blocks, stamps: list[float], kind: str) -> dict[str, float]
     ratios = sorted((statistics.fmean(b) / statistics.fmean(a) - 1) * 100 for a, b in pairs)
     pooled = statistics.fmean([g for _, b in pairs for g in b]) \
         / statistics.fmean([g for a, _ in pairs for g in a])
+    spread = statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else float("inf")
     return {"pairs": len(ratios), "median_pct": statistics.median(ratios),
             "p25_pct": percentile(ratios, 0.25), "p75_pct": percentile(ratios, 0.75),
+            "mean_pct": statistics.fmean(ratios), "stderr_pct": spread,
             "pooled_pct": (pooled - 1) * 100}
+
+
+def per_dump(points: list[tuple[float, float, float]], rate: float) -> dict[str, float]:
+    """Step time a dump costs, from (dumps a second, overhead %, its standard error) at several
+    rates: the weighted least-squares line through the origin (no dumps, no cost).  A cost too
+    small to resolve at the default rate is resolved at rates many times it; the points' fit to
+    one line says whether scaling it down holds."""
+    weights = [1 / max(err, 1e-9) ** 2 for _, _, err in points]
+    slope = sum(w * r * o for w, (r, o, _) in zip(weights, points)) \
+        / sum(w * r * r for w, (r, _, _) in zip(weights, points))
+    slope_err = sum(w * r * r for w, (r, _, _) in zip(weights, points)) ** -0.5
+    chi2 = sum(w * (o - slope * r) ** 2 for w, (r, o, _) in zip(weights, points))
+    return {"ms_per_dump": slope * 10, "ms_per_dump_stderr": slope_err * 10,
+            "at_rate_pct": slope * rate, "at_rate_pct_upper95": (slope + 1.96 * slope_err) * rate,
+            "rate_per_s": rate, "chi2": chi2, "points": len(points)}
 
 
 def control_call(seconds: float) -> Callable[[], None]:
@@ -263,7 +287,8 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
         # the control: as much CPU as py-spy takes for a dump (most of a dump's time is waits)
         read_seconds = statistics.median(_timed(sample, _children_seconds) for _ in range(5))
         scheduled = [("on", blocks.only("on", ticks.wrap("py-spy", sample)), pyspy_interval)]
-        wake, nice = 0.1, 0  # py-spy runs at the daemon's priority, not the reporter's
+        # py-spy runs at the daemon's priority, not the reporter's
+        wake, nice = min(0.1, pyspy_interval / 4), 0
     control = control_call(read_seconds)
     if pyspy_interval is not None:  # at the dumps' interval: a call that ran returns non-None
         # (the control returns None, so beside the reporter it runs at every status second)
@@ -281,9 +306,12 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
                 if blocks.kind == kind and now >= due[i] and call() is not None:
                     due[i] = now + every
 
+    failed_before = len(FAILED_DUMPS)
     helper = threading.Thread(target=helpers, daemon=True)
     helper.start()
     stamps = blocks.run(work, seconds, block)
+    if not helper.is_alive():  # its calls stopped part-way: the blocks compare nothing
+        raise SystemExit("the helper thread died (its traceback is above); no figures")
     stop.set()
     if reporter is not None:
         reporter.stop()
@@ -318,6 +346,7 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
         "control_overhead": overhead(blocks, stamps, "control"),
         "reporter_gil_bound_pct": held / on_seconds * 100 if native else None,
         "control_seconds": read_seconds, "on_seconds": on_seconds,
+        "failed_dumps": len(FAILED_DUMPS) - failed_before,
         # the stalls beyond their floors, summed: the step time they can account for
         "stall_share_pct": {kind: (sum(values) - sum(floors[kind])) / on_seconds * 100
                             for kind, values in kinds.items()},
@@ -349,7 +378,24 @@ def _pyspy_call() -> Callable[[], Any]:
     if binary is None:
         raise SystemExit("py-spy not found on PATH nor beside this interpreter")
     pid = os.getpid()
-    return lambda: pyspy.dump(binary, pid, DUMP_TIMEOUT)
+
+    def sample() -> bool:
+        """A dump that failed still ran (py-spy's non-blocking read can catch the memory
+        mid-change: "Bad address"); the daemon counts it, and so does this bench."""
+        try:
+            pyspy.dump(binary, pid, DUMP_TIMEOUT)
+        except pyspy.StackError:
+            FAILED_DUMPS.append(time.perf_counter())
+            return False
+        return True
+    return sample
+
+
+def _default_stack_interval() -> float:
+    """Seconds between a rank's stack samples at the daemon's defaults."""
+    from llmmon.collectors.ranks import RanksCollector
+    option = next(o for o in RanksCollector.options if o.key == "stack_interval")
+    return option.parse(option.default)
 
 
 def _reporter_calls(ticks: Ticks, blocks: Blocks, cadence: Cadence) -> tuple[
@@ -411,9 +457,11 @@ def main() -> None:
                         help="what works in `on` blocks: the reporter in the process (default), "
                         "or py-spy dumping it from outside as the daemon samples a rank that "
                         "runs without the reporter")
-    parser.add_argument("--pyspy-interval", type=float, default=5.0,
+    parser.add_argument("--pyspy-interval", default="5",
+                        type=lambda text: [float(v) for v in text.split(",")],
                         help="with --sampler pyspy, seconds between dumps in an on block "
-                        "(default 5: --collector.ranks.stack-interval's; 2: the quick rate)")
+                        "(default 5: --collector.ranks.stack-interval's; 2: the quick rate); "
+                        "several, comma-separated, also fit the step time one dump costs")
     args = parser.parse_args()
     if args.whole_ring:
         from llmmon_reporter import entrylog
@@ -460,60 +508,85 @@ def main() -> None:
                                "cadence_s": {"status": cadence.status,
                                              "inflight": cadence.inflight,
                                              "entries": cadence.entries},
-                               "seconds": args.seconds, "sampler": args.sampler, "loops": {}}
-    pyspy_interval = args.pyspy_interval if args.sampler == "pyspy" else None
-    if pyspy_interval is not None:
-        results["pyspy_interval_s"] = pyspy_interval
-    for name in names:
-        load = os.getloadavg()  # another job on this machine shows here
-        results["loops"][name] = measure(loops[name], args.seconds, args.block, cadence,
-                                         pyspy_interval)
-        results["loops"][name]["loadavg"] = {"start": load, "end": os.getloadavg()}
+                               "seconds": args.seconds, "sampler": args.sampler}
+    intervals = args.pyspy_interval if args.sampler == "pyspy" else [None]
+    runs: dict[str, Any] = {}
+    for interval in intervals:
+        loops_out: dict[str, Any] = {}
+        for name in names:
+            load = os.getloadavg()  # another job on this machine shows here
+            loops_out[name] = measure(loops[name], args.seconds, args.block, cadence, interval)
+            loops_out[name]["loadavg"] = {"start": load, "end": os.getloadavg()}
+            report(name, loops_out[name], args.sampler, interval)
+        runs[f"{interval:g}" if interval else "reporter"] = loops_out
     dist.destroy_process_group()
-
-    print(f"{'loop':8}{'kind':12}{'count':>6}{'call med':>10}{'cpu med':>9}{'user med':>9}"
-          f"{'stall med':>11}{'stall p90':>11}{'stall p99':>11}{'stall max':>11}"
-          f"{'floor p99':>11}{'floor max':>11}   (ms; targets p99 <= 1, max <= 5)")
-    for name, loop in results["loops"].items():
-        for kind, tick in sorted(loop["ticks"].items()):
-            print(f"{name:8}{kind:12}{tick['count']:>6}{tick['tick_median_ms']:>10.2f}"
-                  f"{tick['cpu_median_ms']:>9.2f}{tick['user_median_ms']:>9.2f}"
-                  f"{tick['stall_median_ms']:>11.2f}"
-                  f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}"
-                  f"{tick['stall_max_ms']:>11.2f}"
-                  f"{tick['floor_p99_ms']:>11.2f}{tick['floor_max_ms']:>11.2f}")
-        print(f"{name:8}{'gaps':12} without: median {loop['without']['median_ms']:.3f} p99 "
-              f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "
-              f"median {loop['with']['median_ms']:.3f} p99 {loop['with']['p99_ms']:.3f} max "
-              f"{loop['with']['max_ms']:.2f}")
-        for label, key in ((args.sampler, "overhead"), ("control", "control_overhead")):
-            o = loop[key]
-            print(f"{name:8}{label:12} step-time overhead against the off block of each of "
-                  f"{o['pairs']} cycles: median {o['median_pct']:+.2f} % (quartiles "
-                  f"{o['p25_pct']:+.2f} to {o['p75_pct']:+.2f}), pooled {o['pooled_pct']:+.2f} %")
-        print(f"{name:8}{'steal':12} the hypervisor's share of the machine's CPU time: "
-              + ", ".join(f"{kind} blocks {pct:.1f} %" for kind, pct in loop["steal_pct"].items()))
-        if loop["reporter_gil_bound_pct"] is not None:
-            print(f"{name:8}{'GIL bound':12} the reporter's user CPU outside torch's GIL-free dump: "
-                  f"{loop['reporter_gil_bound_pct']:.3f} % of the on blocks' time (target "
-                  "< 0.2 %: the most the GIL can have taken from the loop); control call "
-                  f"{loop['control_seconds'] * 1e3:.1f} ms")
-        if "py-spy" in loop["ticks"]:
-            dumps = loop["ticks"]["py-spy"]
-            print(f"{name:8}{'py-spy':12} {dumps['count']} dumps in {loop['on_seconds']:.0f} s "
-                  f"of on blocks; py-spy's CPU per dump (the daemon's): median "
-                  f"{dumps['children_cpu_median_ms']:.1f} ms, max "
-                  f"{dumps['children_cpu_max_ms']:.1f} ms; control call "
-                  f"{loop['control_seconds'] * 1e3:.1f} ms; stalls beyond their floors "
-                  f"{loop['stall_share_pct']['py-spy']:+.3f} % of the on blocks' time")
-        print(f"{name:8}{'load':12} load average (1, 5, 15 min) at the start "
-              + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["start"]) + "; at the end "
-              + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["end"]))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    stem = "trainer_jitter" + (f"_pyspy_{pyspy_interval:g}s" if pyspy_interval else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    if args.sampler == "reporter":
+        results["loops"] = runs["reporter"]
+        (out / "trainer_jitter.json").write_text(json.dumps(results, indent=1))
+        return
+    results["intervals"] = runs
+    results["per_dump"] = {}
+    default = _default_stack_interval()
+    for name in names:
+        results["per_dump"][name] = {}
+        for label, key, kind in (("py-spy", "overhead", "py-spy"),
+                                 ("control", "control_overhead", "control")):
+            points = [(run[name]["ticks"][kind]["count"] / run[name]["on_seconds"],
+                       run[name][key]["mean_pct"], run[name][key]["stderr_pct"])
+                      for run in runs.values() if kind in run[name]["ticks"]]
+            fit = per_dump(points, 1 / default)
+            results["per_dump"][name][label] = fit
+            print(f"{name:8}{label:12} per dump, fitted over {fit['points']} rates: "
+                  f"{fit['ms_per_dump']:.2f} ± {fit['ms_per_dump_stderr']:.2f} ms of step time; "
+                  f"at one dump every {default:g} s {fit['at_rate_pct']:+.3f} % "
+                  f"(95 % upper {fit['at_rate_pct_upper95']:+.3f} %); chi2 {fit['chi2']:.1f}")
+    (out / "trainer_jitter_pyspy.json").write_text(json.dumps(results, indent=1))
 
+
+def report(name: str, loop: dict[str, Any], sampler: str, interval: float | None) -> None:
+    """One loop's figures, as it ends."""
+    title = f"py-spy every {interval:g} s" if interval else "reporter"
+    print(f"\n{name}, {title}\n{'loop':8}{'kind':12}{'count':>6}{'call med':>10}{'cpu med':>9}"
+          f"{'user med':>9}{'stall med':>11}{'stall p90':>11}{'stall p99':>11}{'stall max':>11}"
+          f"{'floor p99':>11}{'floor max':>11}   (ms; targets p99 <= 1, max <= 5)")
+    for kind, tick in sorted(loop["ticks"].items()):
+        print(f"{name:8}{kind:12}{tick['count']:>6}{tick['tick_median_ms']:>10.2f}"
+              f"{tick['cpu_median_ms']:>9.2f}{tick['user_median_ms']:>9.2f}"
+              f"{tick['stall_median_ms']:>11.2f}"
+              f"{tick['stall_p90_ms']:>11.2f}{tick['stall_p99_ms']:>11.2f}"
+              f"{tick['stall_max_ms']:>11.2f}"
+              f"{tick['floor_p99_ms']:>11.2f}{tick['floor_max_ms']:>11.2f}")
+    print(f"{name:8}{'gaps':12} without: median {loop['without']['median_ms']:.3f} p99 "
+          f"{loop['without']['p99_ms']:.3f} max {loop['without']['max_ms']:.2f}; with: "
+          f"median {loop['with']['median_ms']:.3f} p99 {loop['with']['p99_ms']:.3f} max "
+          f"{loop['with']['max_ms']:.2f}")
+    for label, key in ((sampler, "overhead"), ("control", "control_overhead")):
+        o = loop[key]
+        print(f"{name:8}{label:12} step-time overhead against the off block of each of "
+              f"{o['pairs']} cycles: median {o['median_pct']:+.2f} % (quartiles "
+              f"{o['p25_pct']:+.2f} to {o['p75_pct']:+.2f}), mean {o['mean_pct']:+.2f} "
+              f"± {o['stderr_pct']:.2f} %, pooled {o['pooled_pct']:+.2f} %")
+    print(f"{name:8}{'steal':12} the hypervisor's share of the machine's CPU time: "
+          + ", ".join(f"{kind} blocks {pct:.1f} %" for kind, pct in loop["steal_pct"].items()))
+    if loop["reporter_gil_bound_pct"] is not None:
+        print(f"{name:8}{'GIL bound':12} the reporter's user CPU outside torch's GIL-free dump: "
+              f"{loop['reporter_gil_bound_pct']:.3f} % of the on blocks' time (target "
+              "< 0.2 %: the most the GIL can have taken from the loop); control call "
+              f"{loop['control_seconds'] * 1e3:.1f} ms")
+    if "py-spy" in loop["ticks"]:
+        dumps = loop["ticks"]["py-spy"]
+        print(f"{name:8}{'py-spy':12} {dumps['count']} dumps in {loop['on_seconds']:.0f} s "
+              f"of on blocks; py-spy's CPU per dump (the daemon's): median "
+              f"{dumps['children_cpu_median_ms']:.1f} ms, max "
+              f"{dumps['children_cpu_max_ms']:.1f} ms; control call "
+              f"{loop['control_seconds'] * 1e3:.1f} ms; {loop['failed_dumps']} failed; "
+              f"stalls beyond their floors "
+              f"{loop['stall_share_pct']['py-spy']:+.3f} % of the on blocks' time")
+    print(f"{name:8}{'load':12} load average (1, 5, 15 min) at the start "
+          + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["start"]) + "; at the end "
+          + ", ".join(f"{v:.2f}" for v in loop["loadavg"]["end"]))
 
 if __name__ == "__main__":
     main()
