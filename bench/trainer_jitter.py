@@ -83,7 +83,6 @@ from llmmon_reporter.worker import Cadence, Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
 RING = 2000
-FAILED_DUMPS: list[float] = []  # when a py-spy dump failed (it still ran: it counts)
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(RING))
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(RING))
 
@@ -278,6 +277,7 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
     (or, with `pyspy_interval`, py-spy dumping this process) and the control in `control`
     blocks."""
     ticks, blocks = Ticks(), Blocks()
+    sample: PySpySample | None = None
     if pyspy_interval is None:
         reporter, native, read_seconds, scheduled = _reporter_calls(ticks, blocks, cadence)
         wake, nice = cadence.status, 10  # as the reporter's
@@ -286,6 +286,7 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
         sample = _pyspy_call()
         # the control: as much CPU as py-spy takes for a dump (most of a dump's time is waits)
         read_seconds = statistics.median(_timed(sample, _children_seconds) for _ in range(5))
+        sample.failed = 0  # the calibration's are not the blocks'
         scheduled = [("on", blocks.only("on", ticks.wrap("py-spy", sample)), pyspy_interval)]
         # py-spy runs at the daemon's priority, not the reporter's
         wake, nice = min(0.1, pyspy_interval / 4), 0
@@ -306,7 +307,6 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
                 if blocks.kind == kind and now >= due[i] and call() is not None:
                     due[i] = now + every
 
-    failed_before = len(FAILED_DUMPS)
     helper = threading.Thread(target=helpers, daemon=True)
     helper.start()
     stamps = blocks.run(work, seconds, block)
@@ -346,7 +346,7 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
         "control_overhead": overhead(blocks, stamps, "control"),
         "reporter_gil_bound_pct": held / on_seconds * 100 if native else None,
         "control_seconds": read_seconds, "on_seconds": on_seconds,
-        "failed_dumps": len(FAILED_DUMPS) - failed_before,
+        "failed_dumps": sample.failed if sample else 0,
         # the stalls beyond their floors, summed: the step time they can account for
         "stall_share_pct": {kind: (sum(values) - sum(floors[kind])) / on_seconds * 100
                             for kind, values in kinds.items()},
@@ -370,25 +370,32 @@ def measure(work: Callable[[], None], seconds: float, block: float, cadence: Cad
                   for kind, values in kinds.items()}}
 
 
-def _pyspy_call() -> Callable[[], Any]:
+def _pyspy_call() -> PySpySample:
     """The daemon's stack sample of this process: the real py-spy, from outside."""
     from llmmon.ranks.stacksampler import DUMP_TIMEOUT
     from llmmon.sources import pyspy
     binary = pyspy.find_binary("py-spy")
     if binary is None:
         raise SystemExit("py-spy not found on PATH nor beside this interpreter")
-    pid = os.getpid()
+    return PySpySample(binary, os.getpid(), DUMP_TIMEOUT)
 
-    def sample() -> bool:
-        """A dump that failed still ran (py-spy's non-blocking read can catch the memory
-        mid-change: "Bad address"); the daemon counts it, and so does this bench."""
+
+class PySpySample:
+    """One dump per call.  A dump that failed still ran (py-spy's non-blocking read can catch
+    the memory mid-change: "Bad address"): the daemon counts it, and so does this bench."""
+
+    def __init__(self, binary: str, pid: int, timeout: float) -> None:
+        self.binary, self.pid, self.timeout = binary, pid, timeout
+        self.failed = 0
+
+    def __call__(self) -> bool:
+        from llmmon.sources import pyspy
         try:
-            pyspy.dump(binary, pid, DUMP_TIMEOUT)
+            pyspy.dump(self.binary, self.pid, self.timeout)
         except pyspy.StackError:
-            FAILED_DUMPS.append(time.perf_counter())
+            self.failed += 1
             return False
         return True
-    return sample
 
 
 def _default_stack_interval() -> float:
